@@ -1,0 +1,192 @@
+"""Derive every notebook from the three sources: chapters, solutions and hidden tests.
+
+For each chapter that has hidden tests:
+
+1. ``chapters/<ch>/<ch>.md`` (MyST, read with jupytext) becomes the nbgrader *source*
+   notebook ``autograder/source/<ch>/<ch>.ipynb``: book-only cells dropped, the course
+   helpers inlined, reference bodies fenced into the exercise stubs, and after each
+   exercise's visible checks one graded cell per hidden test.
+2. ``nbgrader generate_assignment`` makes the *student* notebook
+   ``autograder/release/<ch>/<ch>.ipynb`` from it.
+
+``check()`` builds into a temporary course and reports committed files that are stale.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import jupytext
+import nbformat
+
+from autograder import paths
+from autograder.solution_cells import exercise_names, fill_solutions
+from autograder.spec import ChapterTests, HiddenTest, has_hidden_tests, load_chapter_tests
+
+BOOK_ONLY_TAGS = {"book-only", "remove-cell", "skip-execution", "remove-input", "remove-output", "hide-input"}
+
+
+class BuildError(RuntimeError):
+    pass
+
+
+def _nbgrader(grade_id: str, *, solution=False, grade=False, locked=False, points=None) -> dict:
+    meta = {
+        "grade": grade,
+        "grade_id": grade_id,
+        "locked": locked,
+        "schema_version": 3,
+        "solution": solution,
+        "task": False,
+    }
+    if grade:
+        meta["points"] = points
+    return {"nbgrader": meta}
+
+
+def _tags(cell) -> list[str]:
+    return list(cell.get("metadata", {}).get("tags", []))
+
+
+def _inline_course_utils(source: str) -> str:
+    """Replace ``from course_utils import ...`` by the module itself, so notebooks stand alone."""
+    text = paths.COURSE_UTILS.read_text()
+    docstring = ast.parse(text).body[0]  # the module docstring speaks to maintainers: leave it out
+    module = "\n".join(text.splitlines()[docstring.end_lineno :]).strip("\n")
+    header = (
+        "# Course helpers shared by every chapter (a copy of chapters/course_utils.py).\n"
+        "# Run this cell; you do not need to read it."
+    )
+    lines = [
+        f"{header}\n{module}" if line.startswith("from course_utils import") else line
+        for line in source.splitlines()
+    ]
+    return "\n".join(lines)
+
+
+def hidden_test_cell(chapter: str, test: HiddenTest):
+    source = "\n".join(
+        [
+            f"# Hidden test `{test.id}` ({test.points:g} point{'s' if test.points != 1 else ''}): {test.description}.",
+            "# It runs when your notebook is graded, on inputs drawn at grading time.",
+            "### BEGIN HIDDEN TESTS",
+            "from autograder.nbgrader_bridge import run_hidden_test",
+            "",
+            f'run_hidden_test("{chapter}", "{test.id}", globals())',
+            "### END HIDDEN TESTS",
+        ]
+    )
+    cell = nbformat.v4.new_code_cell(source)
+    cell.metadata = _nbgrader(test.id, grade=True, locked=True, points=test.points)
+    return cell
+
+
+def source_notebook(chapter: str, tests: ChapterTests):
+    """The nbgrader source notebook of one chapter (solutions and hidden tests included)."""
+    md = jupytext.read(paths.chapter_source(chapter))
+    reference = (paths.REPO / "solutions" / f"{paths.module_name(chapter)}.py").read_text()
+    cells, pending, defined = [], [], []
+    for cell in md.cells:
+        tags = _tags(cell)
+        if "book-only" in tags:
+            continue
+        kept_tags = [t for t in tags if t not in BOOK_ONLY_TAGS]
+        new = (
+            nbformat.v4.new_markdown_cell(cell.source)
+            if cell.cell_type == "markdown"
+            else nbformat.v4.new_code_cell(cell.source)
+        )
+        if kept_tags:
+            new.metadata["tags"] = kept_tags
+        if "course-utils" in tags:
+            new.source = _inline_course_utils(cell.source)
+            new.metadata.update(_nbgrader("course_utils", locked=True))
+            new.metadata["jupyter"] = {"source_hidden": True}
+        elif "exercise" in tags:
+            names = exercise_names(cell.source)
+            new.source = fill_solutions(cell.source, reference, f"{chapter}, exercise cell {names}")
+            new.metadata.update(_nbgrader(f"exercise_{names[0]}", solution=True))
+            pending = [t for t in tests.tests if t.exercise in names]
+            defined += names
+        elif "checks" in tags:
+            new.metadata.update(_nbgrader(f"checks_{defined[-1] if defined else len(cells)}", locked=True))
+        cells.append(new)
+        if "checks" in tags:
+            cells += [hidden_test_cell(chapter, t) for t in pending]
+            pending = []
+    placed = {c.metadata.get("nbgrader", {}).get("grade_id") for c in cells}
+    unplaced = [t.id for t in tests.tests if t.id not in placed]
+    if unplaced:
+        raise BuildError(
+            f"{chapter}: hidden tests {unplaced} have no exercise cell followed by a checks cell"
+        )
+    undefined = set(tests.exercises) - set(defined)
+    if undefined:
+        raise BuildError(
+            f"{chapter}: hidden tests name exercises no exercise cell defines: {sorted(undefined)}"
+        )
+    for i, cell in enumerate(cells):
+        grade_id = cell.metadata.get("nbgrader", {}).get("grade_id")
+        cell.id = grade_id.replace("_", "-") if grade_id else f"cell-{i:03d}"
+    nb = nbformat.v4.new_notebook(cells=cells)
+    nb.metadata = {
+        "kernelspec": {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"},
+        "language_info": {"name": "python"},
+    }
+    nbformat.validate(nb)
+    return nb
+
+
+def buildable_chapters() -> list[str]:
+    return [c for c in paths.chapter_ids() if has_hidden_tests(c)]
+
+
+def _write(nb, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, path)
+
+
+def generate_release(chapter: str, root: Path) -> None:
+    """nbgrader's own generate_assignment, run in the course root ``root``."""
+    result = subprocess.run(
+        [sys.executable, "-m", "nbgrader", "generate_assignment", chapter, "--force", "--log-level=WARN"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+    )
+    if result.returncode != 0 or not paths.release_notebook(chapter, root).exists():
+        raise BuildError(f"nbgrader generate_assignment {chapter} failed:\n{result.stdout}\n{result.stderr}")
+
+
+def build(root: Path = paths.COURSE_ROOT, chapters: list[str] | None = None) -> list[Path]:
+    """Write source and release notebooks under the course root ``root``; returns them."""
+    written = []
+    for chapter in chapters or buildable_chapters():
+        tests = load_chapter_tests(chapter)
+        _write(source_notebook(chapter, tests), paths.nbgrader_source(chapter, root))
+        generate_release(chapter, root)
+        written += [paths.nbgrader_source(chapter, root), paths.release_notebook(chapter, root)]
+    return written
+
+
+def _content(path: Path):
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def stale_files() -> list[str]:
+    """Committed derived notebooks that differ from a fresh build (empty when all are fresh)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        shutil.copy(paths.COURSE_ROOT / "nbgrader_config.py", root)
+        stale = []
+        for fresh in build(root):
+            committed = paths.COURSE_ROOT / fresh.relative_to(root)
+            if _content(committed) != _content(fresh):
+                stale.append(str(committed.relative_to(paths.REPO)))
+        return stale

@@ -1,0 +1,259 @@
+"""Grade student notebooks: run them, call their exercises on fresh inputs, judge the outputs.
+
+For each notebook: read it (a broken file is a result, not a crash), recognise its chapter,
+draw the hidden tests' inputs, execute the student's code cells in a fresh kernel with time
+limits, then run one probe cell per hidden test that calls the student's functions and saves
+their raw outputs. The verdicts are computed here, in the grader's process, by comparing
+those outputs with the reference's (``judge.py``). Test cells in the submission are never
+trusted: editing or deleting them changes nothing.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import secrets
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import nbformat
+import torch
+from nbclient import NotebookClient
+from nbclient.exceptions import DeadKernelError
+
+from autograder import probe
+from autograder.build import buildable_chapters
+from autograder.judge import Verdict, judge
+from autograder.prepare import PreparedTest, prepare
+from autograder.spec import ChapterTests, load_chapter_tests
+
+
+@dataclass
+class Limits:
+    """Time limits in seconds (documented in the README's instructor section)."""
+
+    cell: float = 60.0  # one cell of the student's notebook
+    notebook: float = 300.0  # all of the student's cells together
+    test: float = 30.0  # one hidden test's calls
+    startup: float = 60.0  # starting the kernel
+
+
+class _QuietClient(NotebookClient):
+    """Keeps only error names and messages, so a cell that prints gigabytes costs nothing."""
+
+    def output(self, outs, msg, display_id, cell_index):
+        if msg["msg_type"] == "error":
+            content = msg["content"]
+            outs[:] = [
+                {"ename": str(content.get("ename", ""))[:100], "evalue": str(content.get("evalue", ""))[:300]}
+            ]
+        return None
+
+
+def _defined_names(nb) -> set[str]:
+    names = set()
+    for cell in nb.cells:
+        if cell.get("cell_type") != "code":
+            continue
+        try:
+            tree = ast.parse(cell.source)
+        except SyntaxError:
+            continue
+        names |= {n.name for n in tree.body if isinstance(n, ast.FunctionDef | ast.ClassDef)}
+    return names
+
+
+def detect_chapter(nb) -> str | None:
+    """The chapter whose graded cells and exercise names this notebook shares most."""
+    grade_ids = {c.get("metadata", {}).get("nbgrader", {}).get("grade_id") for c in nb.cells}
+    names = _defined_names(nb)
+    best, best_score = None, 0
+    for chapter in buildable_chapters():
+        tests = load_chapter_tests(chapter)
+        score = 10 * len(grade_ids & {t.id for t in tests.tests}) + len(names & set(tests.exercises))
+        if score > best_score:
+            best, best_score = chapter, score
+    return best
+
+
+def _probe_setup_cell() -> str:
+    source = Path(probe.__file__).read_text()
+    return (
+        "import types as _grader_types\n"
+        "_grader_probe = _grader_types.ModuleType('_grader_probe')\n"
+        f"exec(compile({source!r}, '<grader probe>', 'exec'), _grader_probe.__dict__)\n"
+    )
+
+
+@dataclass
+class _Run:
+    """What happened while the notebook ran, for the messages."""
+
+    errors: list[str]
+    died_in: int | None = None  # index of the student cell during which the kernel died
+    timed_out: bool = False
+
+
+def _execute(
+    nb, prepared: list[PreparedTest], workdir: Path, limits: Limits
+) -> tuple[list[list[dict] | None], _Run]:
+    student_cells = [nbformat.v4.new_code_cell(c.source) for c in nb.cells if c.get("cell_type") == "code"]
+    cells = list(student_cells) + [nbformat.v4.new_code_cell(_probe_setup_cell())]
+    result_paths = []
+    for i, p in enumerate(prepared):
+        plan, result = workdir / f"plan_{i}.pt", workdir / f"result_{i}.pt"
+        torch.save([p.probe_plan], plan)
+        result_paths.append(result)
+        cells.append(
+            nbformat.v4.new_code_cell(f"_grader_probe.run_files({str(plan)!r}, {str(result)!r}, globals())")
+        )
+    run = _Run(errors=[])
+    n_student = len(student_cells)
+    deadline = time.monotonic() + limits.notebook
+    current = {"index": -1}
+
+    def timeout_for(cell) -> int:
+        index = cells.index(cell)
+        if index >= n_student:
+            return max(1, int(limits.test))
+        return max(1, int(min(limits.cell, deadline - time.monotonic())))
+
+    def on_cell_start(cell, cell_index):
+        current["index"] = cell_index
+
+    client = _QuietClient(
+        nbformat.v4.new_notebook(cells=cells),
+        timeout_func=timeout_for,
+        startup_timeout=int(limits.startup),
+        allow_errors=True,
+        interrupt_on_timeout=True,
+        error_on_timeout={"ename": "TimeoutError", "evalue": "the cell ran past its time limit"},
+        kernel_name="python3",
+        extra_arguments=["--log-level=ERROR"],
+        resources={"metadata": {"path": str(workdir)}},
+        on_cell_start=on_cell_start,
+    )
+    hard_stop = limits.notebook + limits.test * len(prepared) + limits.startup + 30
+    watchdog = threading.Timer(hard_stop, lambda: client.km and client.km.shutdown_kernel(now=True))
+    watchdog.start()
+    try:
+        client.execute(env=_kernel_environment())
+    except DeadKernelError:
+        run.died_in = current["index"] if current["index"] < n_student else None
+    except Exception as exc:  # noqa: BLE001 (nbclient's own failures become messages)
+        run.errors.append(f"the notebook could not be run: {type(exc).__name__}: {exc}"[:300])
+    finally:
+        watchdog.cancel()
+    for i, cell in enumerate(client.nb.cells[:n_student]):
+        for out in cell.get("outputs", []):
+            if out.get("ename") in ("TimeoutError", "KeyboardInterrupt"):  # only our time limit interrupts
+                run.timed_out = True
+                run.errors.append(f"code cell {i + 1} ran past its time limit and was interrupted")
+            else:
+                run.errors.append(f"code cell {i + 1}: {out.get('ename')}: {out.get('evalue')}")
+    results = []
+    for path in result_paths:
+        try:
+            results.append(torch.load(path, weights_only=True)[0] if path.exists() else None)
+        except Exception:  # noqa: BLE001 (a result file the student's code corrupted counts as no result)
+            results.append(None)
+    return results, run
+
+
+def _kernel_environment() -> dict[str, str]:
+    """The student's kernel gets no path to the course's code, and draws no figures."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "JPY_PARENT_PID")}
+    env["MPLBACKEND"] = "Agg"  # plt.show() becomes a no-op: figures cost time and are not graded
+    return env
+
+
+def _missing_reason(run: _Run) -> str:
+    if run.died_in is not None:
+        return (
+            f"no result: the kernel died while running code cell {run.died_in + 1} of your notebook "
+            "(os._exit, a crash, or running out of memory), so nothing after it ran"
+        )
+    return "no result: the test did not finish within its time limit, or your code stopped the grader's call"
+
+
+def grade_notebook(
+    path: Path | str, assignment: str | None = None, seed: int | None = None, limits: Limits | None = None
+) -> dict:
+    """Grade one notebook; never raises for anything the submission does."""
+    limits = limits or Limits()
+    seed = secrets.randbits(32) if seed is None else seed
+    result = {
+        "notebook": str(path),
+        "assignment": assignment,
+        "score": 0.0,
+        "max_score": 0.0,
+        "tests": [],
+        "seed": seed,
+        "message": "",
+    }
+    if assignment is not None:
+        tests = load_chapter_tests(assignment)
+        result["max_score"] = tests.max_score
+        result["tests"] = [Verdict(t.id, t.points, False, "not graded").as_json() for t in tests.tests]
+    try:
+        nb = nbformat.read(path, as_version=4)
+        if not isinstance(nb.get("cells"), list):
+            raise ValueError("it has no list of cells")
+    except Exception as exc:  # noqa: BLE001 (any unreadable file gets a grade and a message)
+        result["message"] = (
+            f"could not read the notebook ({type(exc).__name__}: {str(exc)[:200]}); nothing was graded"
+        )
+        for t in result["tests"]:
+            t["message"] = "not graded: the notebook could not be read"
+        return result
+    detected = detect_chapter(nb)
+    if assignment is None:
+        if detected is None:
+            result["message"] = "could not recognise the chapter of this notebook; pass --assignment"
+            return result
+        assignment = result["assignment"] = detected
+        tests = load_chapter_tests(assignment)
+        result["max_score"] = tests.max_score
+    notes = []
+    if detected is not None and detected != assignment:
+        notes.append(f"this notebook looks like chapter {detected}, not {assignment}")
+    verdicts, run = _grade(nb, tests, seed, limits)
+    result["tests"] = [v.as_json() for v in verdicts]
+    result["score"] = float(sum(v.score for v in verdicts))
+    if run.died_in is not None:
+        notes.append(_missing_reason(run))
+    if run.errors:
+        notes.append(f"{len(run.errors)} cell(s) raised errors while running, first: {run.errors[0]}")
+    result["message"] = "; ".join(notes)
+    return result
+
+
+def _grade(nb, tests: ChapterTests, seed: int, limits: Limits) -> tuple[list[Verdict], _Run]:
+    prepared = prepare(tests, tests.tests, seed)
+    with tempfile.TemporaryDirectory(prefix="grade-") as tmp:
+        got, run = _execute(nb, prepared, Path(tmp), limits)
+    reason = _missing_reason(run)
+    return [
+        judge(tests, p.test, p.cases, p.plans, p.expected, g, reason)
+        for p, g in zip(prepared, got, strict=True)
+    ], run
+
+
+def grade_many(
+    paths: list[Path],
+    assignment: str | None = None,
+    jobs: int = 1,
+    seed: int | None = None,
+    limits: Limits | None = None,
+) -> Iterator[dict]:
+    """Grade notebooks ``jobs`` at a time; yields results in the order of ``paths``."""
+    seed = secrets.randbits(32) if seed is None else seed
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        futures = [pool.submit(grade_notebook, p, assignment, seed, limits) for p in paths]
+        for future in futures:
+            yield future.result()

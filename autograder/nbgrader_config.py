@@ -1,0 +1,32 @@
+"""nbgrader configuration: this folder (``autograder/``) is the course root.
+
+Instructors run nbgrader's commands from here, as its documentation describes::
+
+    cd autograder
+    nbgrader generate_assignment 03_self_attention --force
+    nbgrader autograde 03_self_attention
+    nbgrader generate_feedback 03_self_attention
+    nbgrader export
+
+``python -m autograder build`` writes ``source/`` (and ``release/`` through
+``generate_assignment``); student submissions go to ``submitted/<student>/<assignment>/``.
+"""
+
+import os
+from pathlib import Path
+
+c = get_config()  # noqa: F821 (provided by nbgrader when it loads this file)
+
+course_root = Path(__file__).resolve().parent
+repo = course_root.parent
+
+c.CourseDirectory.root = str(course_root)
+c.CourseDirectory.course_id = "attention-course"
+c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE\nraise NotImplementedError()"}
+c.ClearSolutions.enforce_metadata = True
+c.Execute.timeout = 120  # seconds per cell
+c.Execute.allow_errors = True
+
+# The hidden-test cells import ``autograder`` and ``solutions`` from this repository; kernels
+# started by nbgrader inherit this environment variable.
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(repo), os.environ.get("PYTHONPATH")]))

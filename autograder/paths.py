@@ -1,0 +1,48 @@
+"""Where things live in the repository, and how chapters are named."""
+
+import importlib.util
+import re
+from functools import cache
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+CHAPTERS = REPO / "chapters"
+COURSE_ROOT = REPO / "autograder"  # the nbgrader course directory
+COURSE_UTILS = CHAPTERS / "course_utils.py"
+
+_CHAPTER_ID = re.compile(r"^(\d\d)_([a-z0-9_]+)$")
+
+
+def chapter_ids() -> list[str]:
+    """Every chapter folder, in order: ``01_bottleneck`` ... ``08_efficient_attention``."""
+    return sorted(p.name for p in CHAPTERS.iterdir() if p.is_dir() and _CHAPTER_ID.match(p.name))
+
+
+def module_name(chapter: str) -> str:
+    """``03_self_attention`` -> ``self_attention`` (the solutions and hidden-test module)."""
+    match = _CHAPTER_ID.match(chapter)
+    if not match:
+        raise ValueError(f"not a chapter id: {chapter!r}")
+    return match.group(2)
+
+
+def chapter_source(chapter: str) -> Path:
+    """The chapter's MyST Markdown notebook, the one source of its prose, stubs and checks."""
+    return CHAPTERS / chapter / f"{chapter}.md"
+
+
+def nbgrader_source(chapter: str, root: Path = COURSE_ROOT) -> Path:
+    return root / "source" / chapter / f"{chapter}.ipynb"
+
+
+def release_notebook(chapter: str, root: Path = COURSE_ROOT) -> Path:
+    return root / "release" / chapter / f"{chapter}.ipynb"
+
+
+@cache
+def load_course_utils():
+    """The chapters' helper module (``chapters/course_utils.py``), which is not a package."""
+    spec = importlib.util.spec_from_file_location("course_utils", COURSE_UTILS)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -1,0 +1,87 @@
+"""Call a notebook's exercises on given inputs and return their raw outputs as plain data.
+
+This file runs in two places: inside the student's kernel (the grader sends its source
+text, so it must need nothing but the standard library and torch), and in the grader
+itself, on the reference and on known mistakes. It judges nothing: it only calls and
+records. A plan is a list of calls; a result is, per call, either ``{"value": ...}`` with
+tensors, numbers, strings, lists and dicts only, or ``{"error": "..."}``.
+"""
+
+import copy
+
+import torch
+
+_MAX_MESSAGE = 400
+
+
+class _Missing(Exception):
+    pass
+
+
+def _to_plain(value, depth=0):
+    """Tensors to detached CPU copies, containers to lists and dicts, anything else to a tag."""
+    if depth > 4:
+        return {"unsupported": "nesting deeper than 4 levels"}
+    if isinstance(value, torch.Tensor):
+        return value.detach().to("cpu").clone()
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, (tuple, list)):
+        return [_to_plain(v, depth + 1) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _to_plain(v, depth + 1) for k, v in value.items()}
+    return {"unsupported": type(value).__module__ + "." + type(value).__qualname__}
+
+
+def _describe(exc):
+    if isinstance(exc, NotImplementedError):
+        return "NotImplementedError: not implemented yet (the stub still raises NotImplementedError)"
+    if isinstance(exc, _Missing):
+        return str(exc)
+    text = f"{type(exc).__name__}: {exc}"
+    return text if len(text) <= _MAX_MESSAGE else text[: _MAX_MESSAGE - 3] + "..."
+
+
+def call(namespace, exercise, plan):
+    """Make one planned call of ``namespace[exercise]``; returns the raw result."""
+    target = namespace.get(exercise)
+    if target is None:
+        raise _Missing(f"the notebook does not define `{exercise}` (was it renamed or its cell not run?)")
+    args = copy.deepcopy(plan["args"])  # a student may modify inputs in place
+    kwargs = copy.deepcopy(plan["kwargs"])
+    with torch.no_grad():
+        if plan["init"] is None:
+            return target(*args, **kwargs)
+        init_args, init_kwargs = plan["init"]
+        module = target(*init_args, **init_kwargs)
+        if plan["state"] is not None:
+            try:
+                module.load_state_dict(plan["state"], strict=True)
+            except (RuntimeError, AttributeError, TypeError) as exc:
+                raise _Missing(
+                    f"could not load the test's weights into your `{exercise}`: {_describe(exc)}. "
+                    "Name and shape the parameters exactly as the docstring says."
+                ) from None
+        module.eval()
+        method = module if plan["method"] is None else getattr(module, plan["method"])
+        return method(*args, **kwargs)
+
+
+def run(namespace, plans):
+    """Each plan: ``{"exercise": name, "calls": [call plans]}``; returns results in order."""
+    results = []
+    for plan in plans:
+        outcomes = []
+        for one in plan["calls"]:
+            try:
+                outcomes.append({"value": _to_plain(call(namespace, plan["exercise"], one))})
+            except (Exception, SystemExit) as exc:  # the student's error is data, not a crash
+                outcomes.append({"error": _describe(exc)})
+        results.append(outcomes)
+    return results
+
+
+def run_files(plan_path, result_path, namespace):
+    """The kernel-side entry point: read a plan written by the grader, write the results."""
+    plans = torch.load(plan_path, weights_only=True)
+    torch.save(run(namespace, plans), result_path)

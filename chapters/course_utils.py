@@ -1,0 +1,104 @@
+"""Helpers every chapter uses: device choice, checks that explain themselves, attention plots.
+
+The chapter notebooks import this module; the student notebooks get a copy of it inlined by
+``python -m autograder build`` so that they run anywhere (Colab included) on their own.
+It needs nothing but torch and matplotlib.
+"""
+
+import torch
+
+
+def pick_device() -> torch.device:
+    """CUDA when there is a GPU, else the CPU."""
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def difference(name: str, got, expected: torch.Tensor, rtol: float = 1e-5, atol: float = 1e-5) -> str | None:
+    """None when tensor ``got`` equals ``expected`` within tolerance, else what differs."""
+    if not isinstance(got, torch.Tensor):
+        return f"{name}: expected a tensor of shape {tuple(expected.shape)}, got {type(got).__name__}"
+    if got.shape != expected.shape:
+        shape_got, shape_exp = tuple(got.shape), tuple(expected.shape)
+        hint = ""
+        if sorted(shape_got) == sorted(shape_exp):
+            hint = " (the same sizes in another order: a transpose or a wrong reshape?)"
+        elif got.dim() != expected.dim():
+            hint = " (a missing or extra dimension: check broadcasting and keepdim)"
+        return f"{name}: expected shape {shape_exp}, got {shape_got}{hint}"
+    if expected.dtype == torch.bool or not expected.is_floating_point():
+        if got.dtype != expected.dtype and (expected.dtype == torch.bool or got.is_floating_point()):
+            return f"{name}: expected dtype {expected.dtype}, got {got.dtype}"
+        wrong = (got.cpu() != expected.cpu()).sum().item()
+        return None if wrong == 0 else f"{name}: {wrong} of {expected.numel()} entries differ"
+    if not got.is_floating_point():
+        return f"{name}: expected a floating-point tensor, got dtype {got.dtype}"
+    e, g = expected.detach().cpu().double(), got.detach().cpu().double()
+    nan = (torch.isnan(g) & ~torch.isnan(e)).sum().item()
+    if nan:
+        return f"{name}: {nan} entries are NaN where they should be finite (a fully masked row, or exp of a huge logit?)"
+    inf = (torch.isinf(g) & ~torch.isinf(e)).sum().item()
+    if inf:
+        return f"{name}: {inf} entries are infinite where they should be finite (overflow?)"
+    if torch.allclose(g, e, rtol=rtol, atol=atol, equal_nan=True):
+        return None
+    err = (g - e).abs().nan_to_num(0.0)
+    bad = (err > atol + rtol * e.abs()).sum().item()
+    return (
+        f"{name}: values differ (max abs error {err.max().item():.3g}, "
+        f"{bad} of {e.numel()} entries outside rtol={rtol:g}, atol={atol:g})"
+    )
+
+
+def expect(condition: bool, message: str) -> None:
+    """A check that says what is wrong when it fails."""
+    if not condition:
+        raise AssertionError(message)
+
+
+def expect_shape(name: str, tensor, shape: tuple) -> None:
+    expect(isinstance(tensor, torch.Tensor), f"{name}: expected a tensor, got {type(tensor).__name__}")
+    expect(
+        tuple(tensor.shape) == tuple(shape),
+        f"{name}: expected shape {tuple(shape)}, got {tuple(tensor.shape)}",
+    )
+
+
+def expect_close(
+    name: str, got, expected: torch.Tensor, rtol: float = 1e-5, atol: float = 1e-5, hint: str = ""
+) -> None:
+    problem = difference(name, got, expected, rtol, atol)
+    expect(problem is None, f"{problem}. {hint}".strip())
+
+
+def passed(what: str) -> None:
+    print(f"\N{CHECK MARK} {what}")
+
+
+def plot_attention(weights, queries, keys, title="", ax=None, annotate=True):
+    """Heatmap of an (n_q, n_k) weight matrix: one row per query, one column per key."""
+    import matplotlib.pyplot as plt
+
+    weights = weights.detach().cpu().float()
+    if ax is None:
+        _, ax = plt.subplots(figsize=(0.55 * len(keys) + 1.8, 0.5 * len(queries) + 1.2))
+    image = ax.imshow(weights, cmap="viridis", vmin=0.0, vmax=1.0)
+    ax.set_xticks(range(len(keys)), keys, rotation=45, ha="right")
+    ax.set_yticks(range(len(queries)), queries)
+    ax.set_xlabel("key (attended to)")
+    ax.set_ylabel("query (attending)")
+    ax.set_title(title)
+    if annotate:
+        for i in range(weights.shape[0]):
+            for j in range(weights.shape[1]):
+                value = weights[i, j].item()
+                ax.text(
+                    j,
+                    i,
+                    f"{value:.2f}",
+                    ha="center",
+                    va="center",
+                    fontsize=7,
+                    color="black" if value > 0.6 else "white",
+                )
+    ax.figure.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
+    return ax

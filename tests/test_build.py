@@ -1,0 +1,133 @@
+"""The derived notebooks: fresh, complete, and free of solutions and hidden tests where students look."""
+
+import inspect
+
+import jupytext
+import pytest
+
+from autograder import paths
+from autograder.build import stale_files
+from autograder.solution_cells import exercise_names
+from autograder.spec import load_chapter_tests
+from tests.conftest import CHAPTERS, answers, release_notebook, source_notebook
+
+NOTEBOOK_PRELUDE = "import math\nimport torch\nimport torch.nn.functional as F\nfrom torch import nn\n"
+
+
+def _exercise_cells(chapter):
+    md = jupytext.read(paths.chapter_source(chapter))
+    return [c.source for c in md.cells if "exercise" in c.metadata.get("tags", [])]
+
+
+def _stubs(chapter) -> dict:
+    namespace = {}
+    exec(NOTEBOOK_PRELUDE, namespace)
+    for source in _exercise_cells(chapter):
+        exec(source, namespace)
+    return namespace
+
+
+def _signatures(obj) -> dict[str, inspect.Signature]:
+    if inspect.isclass(obj):
+        return {
+            name: inspect.signature(member)
+            for name, member in vars(obj).items()
+            if inspect.isfunction(member)
+        }
+    return {"": inspect.signature(obj)}
+
+
+def test_committed_notebooks_are_fresh():
+    assert stale_files() == [], "run `python -m autograder build` and commit the notebooks"
+
+
+def test_each_stub_signature_equals_its_reference(chapter):
+    stubs, reference = _stubs(chapter), load_chapter_tests(chapter).reference()
+    names = [n for source in _exercise_cells(chapter) for n in exercise_names(source)]
+    assert names
+    for name in names:
+        assert _signatures(stubs[name]) == _signatures(getattr(reference, name)), name
+
+
+def test_every_exercise_has_hidden_tests_and_every_test_an_exercise(chapter):
+    names = {n for source in _exercise_cells(chapter) for n in exercise_names(source)}
+    assert names == set(load_chapter_tests(chapter).exercises)
+
+
+def test_each_stub_raises_not_implemented(chapter):
+    stubs = _stubs(chapter)
+    for source in _exercise_cells(chapter):
+        for name in exercise_names(source):
+            with pytest.raises(NotImplementedError):
+                obj = stubs[name]
+                params = [p for p in inspect.signature(obj).parameters.values() if p.default is p.empty]
+                obj(*[1] * len(params))
+
+
+def _code(nb) -> str:
+    return "\n".join(c.source for c in nb.cells if c.cell_type == "code")
+
+
+def test_student_notebook_has_no_solution_code_and_no_hidden_tests(chapter):
+    released = _code(release_notebook(chapter))
+    markers = ("BEGIN SOLUTION", "END SOLUTION", "BEGIN HIDDEN TESTS", "run_hidden_test")
+    imports = ("from autograder", "import autograder", "from solutions", "import solutions")
+    for marker in markers + imports:
+        assert marker not in released
+    stub_lines = {line.strip() for source in _exercise_cells(chapter) for line in source.splitlines()}
+    for answer in answers(chapter).values():
+        for line in answer.splitlines():
+            line = line.strip()
+            if len(line) > 12 and line not in stub_lines and not line.startswith("#"):
+                assert line not in released, f"solution line leaked into the student notebook: {line}"
+
+
+def test_source_notebook_has_solutions_hidden_tests_and_points(chapter):
+    nb = source_notebook(chapter)
+    tests = load_chapter_tests(chapter)
+    graded = {
+        c.metadata.nbgrader.grade_id: c
+        for c in nb.cells
+        if c.get("metadata", {}).get("nbgrader", {}).get("grade")
+    }
+    assert set(graded) == {t.id for t in tests.tests}
+    for t in tests.tests:
+        assert graded[t.id].metadata.nbgrader.points == t.points
+        assert "### BEGIN HIDDEN TESTS" in graded[t.id].source
+    assert "### BEGIN SOLUTION" in _code(nb)
+
+
+def test_student_notebook_stands_alone(chapter):
+    """No import of the course's own modules: the notebook runs on Colab by itself."""
+    code = _code(release_notebook(chapter))
+    assert "from course_utils" not in code and "def pick_device" in code
+
+
+@pytest.mark.parametrize("chapter_id", paths.chapter_ids())
+def test_every_chapter_is_in_the_table_of_contents(chapter_id):
+    toc = (paths.REPO / "_toc.yml").read_text()
+    assert f"chapters/{chapter_id}/{chapter_id}" in toc
+    page = paths.chapter_source(chapter_id).read_text()
+    assert "## Learning goals" in page
+
+
+def test_complete_chapters_have_every_part(chapter):
+    page = paths.chapter_source(chapter).read_text()
+    for heading in ("## Learning goals", "## Check your understanding", "## Further reading"):
+        assert heading in page
+    assert page.count("plt.show()") >= 2, "a chapter computes at least two figures"
+    assert "{cite:" in page
+
+
+def test_all_chapters_are_listed():
+    assert paths.chapter_ids() == [
+        "01_bottleneck",
+        "02_score_functions",
+        "03_self_attention",
+        "04_multi_head",
+        "05_positional_encoding",
+        "06_transformer",
+        "07_relative_position",
+        "08_efficient_attention",
+    ]
+    assert set(CHAPTERS) <= set(paths.chapter_ids())

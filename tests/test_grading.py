@@ -1,0 +1,203 @@
+"""End to end: the grading command on real notebooks, good, wrong, broken and hostile."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import nbformat
+import pytest
+
+from autograder import paths
+from tests.conftest import release_notebook, student_notebook, write
+
+pytestmark = pytest.mark.slow
+CHAPTER = "03_self_attention"
+
+
+def _grade_cli(*args, timeout=600):
+    return subprocess.run(
+        [sys.executable, "-m", "autograder", "grade", *map(str, args)],
+        cwd=paths.REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def _with_extra_cell(nb, source, after_grade_id):
+    for i, cell in enumerate(nb.cells):
+        if cell.get("metadata", {}).get("nbgrader", {}).get("grade_id") == after_grade_id:
+            nb.cells.insert(i + 1, nbformat.v4.new_code_cell(source))
+            return nb
+    raise AssertionError(after_grade_id)
+
+
+@pytest.fixture(scope="module")
+def batch(tmp_path_factory):
+    """One batch of submissions graded together, as an instructor would."""
+    d = tmp_path_factory.mktemp("submissions")
+    good = student_notebook(CHAPTER)
+    notebooks = {
+        "filled": write(good, d / "filled.ipynb"),
+        "stub": write(release_notebook(CHAPTER), d / "stub.ipynb"),
+        "unscaled": write(
+            student_notebook(CHAPTER, lambda s: s.replace(" / math.sqrt(d_k)", "")), d / "unscaled.ipynb"
+        ),
+        "renamed": write(
+            student_notebook(CHAPTER, lambda s: s.replace("def causal_mask(", "def make_causal_mask(")),
+            d / "renamed.ipynb",
+        ),
+        "hangs_in_cell": write(
+            _with_extra_cell(student_notebook(CHAPTER), "while True:\n    pass", "exercise_causal_mask"),
+            d / "loop.ipynb",
+        ),
+        "hangs_in_function": write(
+            student_notebook(
+                CHAPTER, lambda s: s.replace("    d_k = q.size(-1)\n", "    while True:\n        pass\n")
+            ),
+            d / "hangs.ipynb",
+        ),
+        "sys_exit_in_function": write(
+            student_notebook(
+                CHAPTER, lambda s: s.replace("    d_k = q.size(-1)\n", "    raise SystemExit(0)\n")
+            ),
+            d / "sysexit.ipynb",
+        ),
+        "os_exit": write(
+            _with_extra_cell(student_notebook(CHAPTER), "import os\nos._exit(3)", "exercise_SelfAttention"),
+            d / "exit.ipynb",
+        ),
+    }
+    (d / "truncated.ipynb").write_text((d / "filled.ipynb").read_text()[:5000])
+    notebooks["truncated"] = d / "truncated.ipynb"
+    (d / "notes.txt").write_text("not a notebook")
+    notebooks["not_a_notebook"] = d / "notes.txt"
+    notebooks["missing_file"] = d / "does_not_exist.ipynb"
+    run = _grade_cli(
+        *notebooks.values(),
+        "--assignment", CHAPTER, "--json", "--jobs", "2",
+        "--cell-timeout", "6", "--test-timeout", "5", "--timeout", "120",
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    results = [json.loads(line) for line in run.stdout.splitlines()]
+    assert [r["notebook"] for r in results] == [str(p) for p in notebooks.values()]
+    return dict(zip(notebooks, results, strict=True))
+
+
+def _scores(result):
+    return {t["id"]: t["score"] for t in result["tests"]}
+
+
+def test_every_result_has_the_assignments_max_score(batch):
+    for name, result in batch.items():
+        assert result["max_score"] == 10.0, name
+        assert result["assignment"] == CHAPTER
+        assert {"notebook", "assignment", "score", "max_score", "tests"} <= set(result)
+        for t in result["tests"]:
+            assert {"id", "score", "max_score", "passed", "message"} <= set(t)
+
+
+def test_filled_in_notebook_gets_full_marks(batch):
+    assert batch["filled"]["score"] == 10.0
+    assert all(t["passed"] for t in batch["filled"]["tests"])
+
+
+def test_untouched_student_notebook_gets_zero(batch):
+    assert batch["stub"]["score"] == 0.0
+    assert all("not implemented yet" in t["message"] for t in batch["stub"]["tests"])
+
+
+def test_wrong_answer_loses_its_points_and_is_named(batch):
+    result = batch["unscaled"]
+    scores = _scores(result)
+    assert scores["causal_mask_values"] == 1.0 and scores["padding_mask_values"] == 1.0
+    assert scores["sdpa_basic"] == scores["sdpa_masked"] == scores["sdpa_edge_cases"] == 0.0
+    assert scores["self_attention_module"] == 0.0  # it uses the student's unscaled attention
+    messages = " ".join(t["message"] for t in result["tests"])
+    assert "did you divide q k^T by sqrt(d_k)?" in messages
+
+
+def test_missing_function_is_reported(batch):
+    result = batch["renamed"]
+    assert _scores(result)["causal_mask_values"] == 0.0
+    assert result["score"] == 9.0
+    causal = next(t for t in result["tests"] if t["id"] == "causal_mask_values")
+    assert "does not define `causal_mask`" in causal["message"]
+
+
+def test_infinite_loop_in_a_cell_is_interrupted_and_the_rest_graded(batch):
+    result = batch["hangs_in_cell"]
+    assert result["score"] == 10.0
+    assert "time limit" in result["message"]
+
+
+def test_infinite_loop_in_a_function_fails_only_its_tests(batch):
+    scores = _scores(batch["hangs_in_function"])
+    assert scores["causal_mask_values"] == 1.0 and scores["padding_mask_values"] == 1.0
+    assert scores["sdpa_basic"] == 0.0
+
+
+def test_system_exit_in_a_function_is_an_error_not_a_crash(batch):
+    result = batch["sys_exit_in_function"]
+    assert _scores(result)["causal_mask_values"] == 1.0
+    assert "SystemExit" in next(t for t in result["tests"] if t["id"] == "sdpa_basic")["message"]
+
+
+def test_kernel_death_gives_zero_and_says_why(batch):
+    result = batch["os_exit"]
+    assert result["score"] == 0.0
+    assert "kernel died" in result["message"]
+
+
+@pytest.mark.parametrize("name", ["truncated", "not_a_notebook", "missing_file"])
+def test_unreadable_submissions_get_a_message(batch, name):
+    result = batch[name]
+    assert result["score"] == 0.0 and "could not read" in result["message"]
+
+
+def test_chapter_is_recognised_without_assignment(tmp_path):
+    path = write(student_notebook(CHAPTER), tmp_path / "My homework (final) v2.ipynb")
+    run = _grade_cli(path, "--json")
+    assert run.returncode == 0, run.stderr
+    result = json.loads(run.stdout)
+    assert result["assignment"] == CHAPTER and result["score"] == 10.0
+
+
+def test_unknown_assignment_is_a_usage_error(tmp_path):
+    run = _grade_cli(tmp_path / "x.ipynb", "--assignment", "99_nothing")
+    assert run.returncode == 2 and "unknown assignment" in run.stderr
+
+
+def test_plain_nbgrader_workflow(tmp_path):
+    """An instructor's nbgrader path in a copy of the course root: autograde, feedback, export."""
+    root = tmp_path / "course"
+    root.mkdir()
+    shutil.copy(paths.COURSE_ROOT / "nbgrader_config.py", root)
+    shutil.copytree(paths.COURSE_ROOT / "source", root / "source")
+    env = {**os.environ, "PYTHONPATH": str(paths.REPO)}
+
+    def nbgrader(*args):
+        run = subprocess.run(
+            [sys.executable, "-m", "nbgrader", *args], cwd=root, env=env, capture_output=True, text=True
+        )
+        assert run.returncode == 0, run.stdout + run.stderr
+        return run
+
+    nbgrader("db", "student", "add", "alice")
+    nbgrader("db", "student", "add", "bob")
+    nbgrader("generate_assignment", CHAPTER, "--force")
+    for student, nb in [("alice", student_notebook(CHAPTER)), ("bob", release_notebook(CHAPTER))]:
+        folder = root / "submitted" / student / CHAPTER
+        folder.mkdir(parents=True)
+        write(nb, folder / f"{CHAPTER}.ipynb")
+    nbgrader("autograde", CHAPTER, "--force")
+    nbgrader("generate_feedback", CHAPTER, "--force")
+    nbgrader("export")
+    grades = (root / "grades.csv").read_text().splitlines()
+    header = grades[0].split(",")
+    rows = {r.split(",")[header.index("student_id")]: r.split(",") for r in grades[1:]}
+    assert float(rows["alice"][header.index("raw_score")]) == 10.0
+    assert float(rows["bob"][header.index("raw_score")]) == 0.0
+    assert (root / "feedback" / "alice" / CHAPTER / f"{CHAPTER}.html").exists()
