@@ -12,7 +12,9 @@ def _build(args) -> int:
     if args.check:
         stale = stale_files()
         for path in stale:
-            print(f"stale: {path} (run `python -m autograder build` and commit the result)")
+            print(
+                f"stale: {path} (run `python -m autograder build` and commit the result)"
+            )
         return 1 if stale else 0
     for path in build():
         print(f"wrote {path}")
@@ -42,40 +44,71 @@ def _grade(args) -> int:
             file=sys.stderr,
         )
         return 2
-    limits = Limits(cell=args.cell_timeout, notebook=args.timeout, test=args.test_timeout)
-    for result in grade_many(args.notebooks, args.assignment, args.jobs, args.seed, limits):
+    limits = Limits(
+        cell=args.cell_timeout, notebook=args.timeout, test=args.test_timeout
+    )
+    for result in grade_many(
+        args.notebooks, args.assignment, args.jobs, args.seed, limits
+    ):
         if args.json:
             print(json.dumps(result), flush=True)
             continue
-        print(f"{result['notebook']}: {result['score']:g} / {result['max_score']:g} ({result['assignment']})")
+        print(
+            f"{result['notebook']}: {result['score']:g} / {result['max_score']:g} ({result['assignment']})"
+        )
         if result["message"]:
             print(f"  note: {result['message']}")
         for test in result["tests"]:
             mark = "PASS" if test["passed"] else "FAIL"
-            print(f"  {mark} {test['id']} {test['score']:g}/{test['max_score']:g}: {test['message']}")
+            print(
+                f"  {mark} {test['id']} {test['score']:g}/{test['max_score']:g}: {test['message']}"
+            )
     return 0
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m autograder", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
-    build = commands.add_parser("build", help="derive the nbgrader source and student notebooks")
-    build.add_argument("--check", action="store_true", help="only report committed notebooks that are stale")
+    build = commands.add_parser(
+        "build", help="derive the nbgrader source and student notebooks"
+    )
+    build.add_argument(
+        "--check",
+        action="store_true",
+        help="only report committed notebooks that are stale",
+    )
     build.set_defaults(run=_build)
-    book = commands.add_parser("book", help="build the notebooks, then the book (executing every chapter)")
-    book.add_argument("--all", action="store_true", help="rebuild every page, not only changed ones")
+    book = commands.add_parser(
+        "book", help="build the notebooks, then the book (executing every chapter)"
+    )
+    book.add_argument(
+        "--all", action="store_true", help="rebuild every page, not only changed ones"
+    )
     book.set_defaults(run=_book)
     grade = commands.add_parser("grade", help="grade student notebooks")
     grade.add_argument("notebooks", nargs="+", type=Path)
     grade.add_argument(
-        "--assignment", help="chapter id, e.g. 03_self_attention (default: recognised from the cells)"
+        "--assignment",
+        help="chapter id, e.g. 03_self_attention (default: recognised from the cells)",
     )
-    grade.add_argument("--jobs", type=int, default=1, help="notebooks graded at once (default 1)")
-    grade.add_argument("--json", action="store_true", help="one JSON object per line per notebook")
-    grade.add_argument("--seed", type=int, help="seed for the hidden inputs (default: drawn at random)")
-    grade.add_argument("--cell-timeout", type=float, default=60.0, help="seconds per student cell")
-    grade.add_argument("--timeout", type=float, default=300.0, help="seconds for all student cells")
-    grade.add_argument("--test-timeout", type=float, default=30.0, help="seconds per hidden test")
+    grade.add_argument(
+        "--jobs", type=int, default=1, help="notebooks graded at once (default 1)"
+    )
+    grade.add_argument(
+        "--json", action="store_true", help="one JSON object per line per notebook"
+    )
+    grade.add_argument(
+        "--seed", type=int, help="seed for the hidden inputs (default: drawn at random)"
+    )
+    grade.add_argument(
+        "--cell-timeout", type=float, default=60.0, help="seconds per student cell"
+    )
+    grade.add_argument(
+        "--timeout", type=float, default=300.0, help="seconds for all student cells"
+    )
+    grade.add_argument(
+        "--test-timeout", type=float, default=30.0, help="seconds per hidden test"
+    )
     grade.set_defaults(run=_grade)
     args = parser.parse_args(argv)
     return args.run(args)

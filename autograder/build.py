@@ -3,8 +3,8 @@
 For each chapter that has hidden tests:
 
 1. ``chapters/<ch>/<ch>.md`` (MyST, read with jupytext) becomes the nbgrader *source*
-   notebook ``autograder/source/<ch>/<ch>.ipynb``: book-only cells dropped, the course
-   helpers inlined, reference bodies fenced into the exercise stubs, and after each
+   notebook ``autograder/source/<ch>/<ch>.ipynb``: book-only cells dropped, MyST turned
+   into Markdown that Jupyter renders, the course helpers inlined, reference bodies fenced into the exercise stubs, and after each
    exercise's visible checks one graded cell per hidden test.
 2. ``nbgrader generate_assignment`` makes the *student* notebook
    ``autograder/release/<ch>/<ch>.ipynb`` from it.
@@ -27,16 +27,31 @@ import nbformat
 
 from autograder import paths
 from autograder.solution_cells import exercise_names, fill_solutions
-from autograder.spec import ChapterTests, HiddenTest, has_hidden_tests, load_chapter_tests
+from autograder.spec import (
+    ChapterTests,
+    HiddenTest,
+    has_hidden_tests,
+    load_chapter_tests,
+)
+from autograder.student_markdown import to_jupyter_markdown
 
-BOOK_ONLY_TAGS = {"book-only", "remove-cell", "skip-execution", "remove-input", "remove-output", "hide-input"}
+BOOK_ONLY_TAGS = {
+    "book-only",
+    "remove-cell",
+    "skip-execution",
+    "remove-input",
+    "remove-output",
+    "hide-input",
+}
 
 
 class BuildError(RuntimeError):
     pass
 
 
-def _nbgrader(grade_id: str, *, solution=False, grade=False, locked=False, points=None) -> dict:
+def _nbgrader(
+    grade_id: str, *, solution=False, grade=False, locked=False, points=None
+) -> dict:
     meta = {
         "grade": grade,
         "grade_id": grade_id,
@@ -57,16 +72,18 @@ def _tags(cell) -> list[str]:
 def _inline_course_utils(source: str) -> str:
     """Replace ``from course_utils import ...`` by the module itself, so notebooks stand alone."""
     text = paths.COURSE_UTILS.read_text()
-    docstring = ast.parse(text).body[0]  # the module docstring speaks to maintainers: leave it out
+    docstring = ast.parse(text).body[
+        0
+    ]  # the module docstring speaks to maintainers: leave it out
     module = "\n".join(text.splitlines()[docstring.end_lineno :]).strip("\n")
     header = (
         "# Course helpers shared by every chapter (a copy of chapters/course_utils.py).\n"
         "# Run this cell; you do not need to read it."
     )
-    lines = [
-        f"{header}\n{module}" if line.startswith("from course_utils import") else line
-        for line in source.splitlines()
-    ]
+    lines = source.splitlines()
+    for node in reversed(ast.parse(source).body):
+        if isinstance(node, ast.ImportFrom) and node.module == "course_utils":
+            lines[node.lineno - 1 : node.end_lineno] = [header, module, ""]
     return "\n".join(lines)
 
 
@@ -90,18 +107,19 @@ def hidden_test_cell(chapter: str, test: HiddenTest):
 def source_notebook(chapter: str, tests: ChapterTests):
     """The nbgrader source notebook of one chapter (solutions and hidden tests included)."""
     md = jupytext.read(paths.chapter_source(chapter))
-    reference = (paths.REPO / "solutions" / f"{paths.module_name(chapter)}.py").read_text()
+    reference = (
+        paths.REPO / "solutions" / f"{paths.module_name(chapter)}.py"
+    ).read_text()
     cells, pending, defined = [], [], []
     for cell in md.cells:
         tags = _tags(cell)
         if "book-only" in tags:
             continue
         kept_tags = [t for t in tags if t not in BOOK_ONLY_TAGS]
-        new = (
-            nbformat.v4.new_markdown_cell(cell.source)
-            if cell.cell_type == "markdown"
-            else nbformat.v4.new_code_cell(cell.source)
-        )
+        if cell.cell_type == "markdown":
+            new = nbformat.v4.new_markdown_cell(to_jupyter_markdown(cell.source))
+        else:
+            new = nbformat.v4.new_code_cell(cell.source)
         if kept_tags:
             new.metadata["tags"] = kept_tags
         if "course-utils" in tags:
@@ -110,12 +128,18 @@ def source_notebook(chapter: str, tests: ChapterTests):
             new.metadata["jupyter"] = {"source_hidden": True}
         elif "exercise" in tags:
             names = exercise_names(cell.source)
-            new.source = fill_solutions(cell.source, reference, f"{chapter}, exercise cell {names}")
+            new.source = fill_solutions(
+                cell.source, reference, f"{chapter}, exercise cell {names}"
+            )
             new.metadata.update(_nbgrader(f"exercise_{names[0]}", solution=True))
             pending = [t for t in tests.tests if t.exercise in names]
             defined += names
         elif "checks" in tags:
-            new.metadata.update(_nbgrader(f"checks_{defined[-1] if defined else len(cells)}", locked=True))
+            new.metadata.update(
+                _nbgrader(
+                    f"checks_{defined[-1] if defined else len(cells)}", locked=True
+                )
+            )
         cells.append(new)
         if "checks" in tags:
             cells += [hidden_test_cell(chapter, t) for t in pending]
@@ -136,7 +160,11 @@ def source_notebook(chapter: str, tests: ChapterTests):
         cell.id = grade_id.replace("_", "-") if grade_id else f"cell-{i:03d}"
     nb = nbformat.v4.new_notebook(cells=cells)
     nb.metadata = {
-        "kernelspec": {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"},
+        "kernelspec": {
+            "display_name": "Python 3 (ipykernel)",
+            "language": "python",
+            "name": "python3",
+        },
         "language_info": {"name": "python"},
     }
     nbformat.validate(nb)
@@ -155,23 +183,38 @@ def _write(nb, path: Path) -> None:
 def generate_release(chapter: str, root: Path) -> None:
     """nbgrader's own generate_assignment, run in the course root ``root``."""
     result = subprocess.run(
-        [sys.executable, "-m", "nbgrader", "generate_assignment", chapter, "--force", "--log-level=WARN"],
+        [
+            sys.executable,
+            "-m",
+            "nbgrader",
+            "generate_assignment",
+            chapter,
+            "--force",
+            "--log-level=WARN",
+        ],
         cwd=root,
         capture_output=True,
         text=True,
     )
     if result.returncode != 0 or not paths.release_notebook(chapter, root).exists():
-        raise BuildError(f"nbgrader generate_assignment {chapter} failed:\n{result.stdout}\n{result.stderr}")
+        raise BuildError(
+            f"nbgrader generate_assignment {chapter} failed:\n{result.stdout}\n{result.stderr}"
+        )
 
 
-def build(root: Path = paths.COURSE_ROOT, chapters: list[str] | None = None) -> list[Path]:
+def build(
+    root: Path = paths.COURSE_ROOT, chapters: list[str] | None = None
+) -> list[Path]:
     """Write source and release notebooks under the course root ``root``; returns them."""
     written = []
     for chapter in chapters or buildable_chapters():
         tests = load_chapter_tests(chapter)
         _write(source_notebook(chapter, tests), paths.nbgrader_source(chapter, root))
         generate_release(chapter, root)
-        written += [paths.nbgrader_source(chapter, root), paths.release_notebook(chapter, root)]
+        written += [
+            paths.nbgrader_source(chapter, root),
+            paths.release_notebook(chapter, root),
+        ]
     return written
 
 

@@ -50,7 +50,10 @@ class _QuietClient(NotebookClient):
         if msg["msg_type"] == "error":
             content = msg["content"]
             outs[:] = [
-                {"ename": str(content.get("ename", ""))[:100], "evalue": str(content.get("evalue", ""))[:300]}
+                {
+                    "ename": str(content.get("ename", ""))[:100],
+                    "evalue": str(content.get("evalue", ""))[:300],
+                }
             ]
         return None
 
@@ -64,18 +67,24 @@ def _defined_names(nb) -> set[str]:
             tree = ast.parse(cell.source)
         except SyntaxError:
             continue
-        names |= {n.name for n in tree.body if isinstance(n, ast.FunctionDef | ast.ClassDef)}
+        names |= {
+            n.name for n in tree.body if isinstance(n, ast.FunctionDef | ast.ClassDef)
+        }
     return names
 
 
 def detect_chapter(nb) -> str | None:
     """The chapter whose graded cells and exercise names this notebook shares most."""
-    grade_ids = {c.get("metadata", {}).get("nbgrader", {}).get("grade_id") for c in nb.cells}
+    grade_ids = {
+        c.get("metadata", {}).get("nbgrader", {}).get("grade_id") for c in nb.cells
+    }
     names = _defined_names(nb)
     best, best_score = None, 0
     for chapter in buildable_chapters():
         tests = load_chapter_tests(chapter)
-        score = 10 * len(grade_ids & {t.id for t in tests.tests}) + len(names & set(tests.exercises))
+        score = 10 * len(grade_ids & {t.id for t in tests.tests}) + len(
+            names & set(tests.exercises)
+        )
         if score > best_score:
             best, best_score = chapter, score
     return best
@@ -102,7 +111,11 @@ class _Run:
 def _execute(
     nb, prepared: list[PreparedTest], workdir: Path, limits: Limits
 ) -> tuple[list[list[dict] | None], _Run]:
-    student_cells = [nbformat.v4.new_code_cell(c.source) for c in nb.cells if c.get("cell_type") == "code"]
+    student_cells = [
+        nbformat.v4.new_code_cell(c.source)
+        for c in nb.cells
+        if c.get("cell_type") == "code"
+    ]
     cells = list(student_cells) + [nbformat.v4.new_code_cell(_probe_setup_cell())]
     result_paths = []
     for i, p in enumerate(prepared):
@@ -110,7 +123,9 @@ def _execute(
         torch.save([p.probe_plan], plan)
         result_paths.append(result)
         cells.append(
-            nbformat.v4.new_code_cell(f"_grader_probe.run_files({str(plan)!r}, {str(result)!r}, globals())")
+            nbformat.v4.new_code_cell(
+                f"_grader_probe.run_files({str(plan)!r}, {str(result)!r}, globals())"
+            )
         )
     run = _Run(errors=[])
     n_student = len(student_cells)
@@ -132,34 +147,50 @@ def _execute(
         startup_timeout=int(limits.startup),
         allow_errors=True,
         interrupt_on_timeout=True,
-        error_on_timeout={"ename": "TimeoutError", "evalue": "the cell ran past its time limit"},
+        error_on_timeout={
+            "ename": "TimeoutError",
+            "evalue": "the cell ran past its time limit",
+        },
         kernel_name="python3",
         extra_arguments=["--log-level=ERROR"],
         resources={"metadata": {"path": str(workdir)}},
         on_cell_start=on_cell_start,
     )
     hard_stop = limits.notebook + limits.test * len(prepared) + limits.startup + 30
-    watchdog = threading.Timer(hard_stop, lambda: client.km and client.km.shutdown_kernel(now=True))
+    watchdog = threading.Timer(
+        hard_stop, lambda: client.km and client.km.shutdown_kernel(now=True)
+    )
     watchdog.start()
     try:
         client.execute(env=_kernel_environment())
     except DeadKernelError:
         run.died_in = current["index"] if current["index"] < n_student else None
     except Exception as exc:  # noqa: BLE001 (nbclient's own failures become messages)
-        run.errors.append(f"the notebook could not be run: {type(exc).__name__}: {exc}"[:300])
+        run.errors.append(
+            f"the notebook could not be run: {type(exc).__name__}: {exc}"[:300]
+        )
     finally:
         watchdog.cancel()
     for i, cell in enumerate(client.nb.cells[:n_student]):
         for out in cell.get("outputs", []):
-            if out.get("ename") in ("TimeoutError", "KeyboardInterrupt"):  # only our time limit interrupts
+            if out.get("ename") in (
+                "TimeoutError",
+                "KeyboardInterrupt",
+            ):  # only our time limit interrupts
                 run.timed_out = True
-                run.errors.append(f"code cell {i + 1} ran past its time limit and was interrupted")
+                run.errors.append(
+                    f"code cell {i + 1} ran past its time limit and was interrupted"
+                )
             else:
-                run.errors.append(f"code cell {i + 1}: {out.get('ename')}: {out.get('evalue')}")
+                run.errors.append(
+                    f"code cell {i + 1}: {out.get('ename')}: {out.get('evalue')}"
+                )
     results = []
     for path in result_paths:
         try:
-            results.append(torch.load(path, weights_only=True)[0] if path.exists() else None)
+            results.append(
+                torch.load(path, weights_only=True)[0] if path.exists() else None
+            )
         except Exception:  # noqa: BLE001 (a result file the student's code corrupted counts as no result)
             results.append(None)
     return results, run
@@ -167,8 +198,12 @@ def _execute(
 
 def _kernel_environment() -> dict[str, str]:
     """The student's kernel gets no path to the course's code, and draws no figures."""
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "JPY_PARENT_PID")}
-    env["MPLBACKEND"] = "Agg"  # plt.show() becomes a no-op: figures cost time and are not graded
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "JPY_PARENT_PID")
+    }
+    env["MPLBACKEND"] = (
+        "Agg"  # plt.show() becomes a no-op: figures cost time and are not graded
+    )
     return env
 
 
@@ -182,7 +217,10 @@ def _missing_reason(run: _Run) -> str:
 
 
 def grade_notebook(
-    path: Path | str, assignment: str | None = None, seed: int | None = None, limits: Limits | None = None
+    path: Path | str,
+    assignment: str | None = None,
+    seed: int | None = None,
+    limits: Limits | None = None,
 ) -> dict:
     """Grade one notebook; never raises for anything the submission does."""
     limits = limits or Limits()
@@ -199,7 +237,9 @@ def grade_notebook(
     if assignment is not None:
         tests = load_chapter_tests(assignment)
         result["max_score"] = tests.max_score
-        result["tests"] = [Verdict(t.id, t.points, False, "not graded").as_json() for t in tests.tests]
+        result["tests"] = [
+            Verdict(t.id, t.points, False, "not graded").as_json() for t in tests.tests
+        ]
     try:
         nb = nbformat.read(path, as_version=4)
         if not isinstance(nb.get("cells"), list):
@@ -214,7 +254,9 @@ def grade_notebook(
     detected = detect_chapter(nb)
     if assignment is None:
         if detected is None:
-            result["message"] = "could not recognise the chapter of this notebook; pass --assignment"
+            result["message"] = (
+                "could not recognise the chapter of this notebook; pass --assignment"
+            )
             return result
         assignment = result["assignment"] = detected
         tests = load_chapter_tests(assignment)
@@ -228,12 +270,16 @@ def grade_notebook(
     if run.died_in is not None:
         notes.append(_missing_reason(run))
     if run.errors:
-        notes.append(f"{len(run.errors)} cell(s) raised errors while running, first: {run.errors[0]}")
+        notes.append(
+            f"{len(run.errors)} cell(s) raised errors while running, first: {run.errors[0]}"
+        )
     result["message"] = "; ".join(notes)
     return result
 
 
-def _grade(nb, tests: ChapterTests, seed: int, limits: Limits) -> tuple[list[Verdict], _Run]:
+def _grade(
+    nb, tests: ChapterTests, seed: int, limits: Limits
+) -> tuple[list[Verdict], _Run]:
     prepared = prepare(tests, tests.tests, seed)
     with tempfile.TemporaryDirectory(prefix="grade-") as tmp:
         got, run = _execute(nb, prepared, Path(tmp), limits)
@@ -254,6 +300,8 @@ def grade_many(
     """Grade notebooks ``jobs`` at a time; yields results in the order of ``paths``."""
     seed = secrets.randbits(32) if seed is None else seed
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        futures = [pool.submit(grade_notebook, p, assignment, seed, limits) for p in paths]
+        futures = [
+            pool.submit(grade_notebook, p, assignment, seed, limits) for p in paths
+        ]
         for future in futures:
             yield future.result()

@@ -48,7 +48,9 @@ def describe_difference(expected, got, tol: Tolerance, name: str) -> str | None:
         return course_utils.difference(name, got, expected, tol.rtol, tol.atol)
     if isinstance(expected, list):
         if not isinstance(got, list):
-            return f"{name}: expected {len(expected)} values (a tuple), got {_kind(got)}"
+            return (
+                f"{name}: expected {len(expected)} values (a tuple), got {_kind(got)}"
+            )
         if len(got) != len(expected):
             return f"{name}: expected {len(expected)} values, got {len(got)}"
         for i, (e, g) in enumerate(zip(expected, got, strict=True)):
@@ -81,9 +83,15 @@ def _kind(value) -> str:
     return f"{type(value).__name__} {value!r}"[:80]
 
 
-def _outcome_problem(test: HiddenTest, expected: dict, got: dict, tol: Tolerance) -> str | None:
-    if "error" in expected:  # the reference itself failed: a bug in the course, not the student
-        raise RuntimeError(f"reference failed on hidden test {test.id}: {expected['error']}")
+def _outcome_problem(
+    test: HiddenTest, expected: dict, got: dict, tol: Tolerance
+) -> str | None:
+    if (
+        "error" in expected
+    ):  # the reference itself failed: a bug in the course, not the student
+        raise RuntimeError(
+            f"reference failed on hidden test {test.id}: {expected['error']}"
+        )
     if "error" in got:
         return f"raised {got['error']}"
     exp, val = expected["value"], got["value"]
@@ -98,7 +106,9 @@ def _outcome_problem(test: HiddenTest, expected: dict, got: dict, tol: Tolerance
     return describe_difference(exp, val, tol, "the output")
 
 
-def _matches(expected: list[dict], got: list[dict], test: HiddenTest, tol: Tolerance) -> bool:
+def _matches(
+    expected: list[dict], got: list[dict], test: HiddenTest, tol: Tolerance
+) -> bool:
     return all(
         "error" not in e and _outcome_problem(test, e, g, tol) is None
         for e, g in zip(expected, got, strict=True)
@@ -121,19 +131,27 @@ def judge(
     for i, (c, e, g) in enumerate(zip(cases, expected, got, strict=True)):
         problem = _outcome_problem(test, e, g, tol)
         if problem:
-            where = f"case {i + 1} of {len(cases)}" + (f" ({c.label})" if c.label else "")
+            where = f"case {i + 1} of {len(cases)}" + (
+                f" ({c.label})" if c.label else ""
+            )
             message = f"`{test.exercise}` {where}: {problem}."
             hint = _recognise_mistake(tests, test, plans, expected, got, tol)
-            return Verdict(test.id, test.points, False, message + (f" {hint}" if hint else ""))
+            return Verdict(
+                test.id, test.points, False, message + (f" {hint}" if hint else "")
+            )
     return Verdict(test.id, test.points, True, f"passed: {test.description}")
 
 
 def _recognise_mistake(tests, test, plans, expected, got, tol) -> str | None:
     """Name a known mistake whose outputs equal the student's wherever it differs from the reference."""
     for mistake in tests.mistakes_for(test.exercise):
-        wrong = probe.run({test.exercise: mistake.impl}, [{"exercise": test.exercise, "calls": plans}])[0]
+        wrong = probe.run(
+            {test.exercise: mistake.impl}, [{"exercise": test.exercise, "calls": plans}]
+        )[0]
         telling = [
-            i for i, w in enumerate(wrong) if "error" not in w and not _matches([expected[i]], [w], test, tol)
+            i
+            for i, w in enumerate(wrong)
+            if "error" not in w and not _matches([expected[i]], [w], test, tol)
         ]
         if telling and all(_matches([wrong[i]], [got[i]], test, tol) for i in telling):
             return f"Likely mistake: {mistake.hint}"

@@ -14,7 +14,9 @@ from autograder.probe import run
 from autograder.spec import load_chapter_tests
 
 
-def run_hidden_test(chapter: str, test_id: str, namespace: dict, seed: int | None = None) -> None:
+def run_hidden_test(
+    chapter: str, test_id: str, namespace: dict, seed: int | None = None
+) -> None:
     tests = load_chapter_tests(chapter)
     test = tests.test(test_id)
     seed = secrets.randbits(32) if seed is None else seed

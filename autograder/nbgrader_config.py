@@ -29,4 +29,6 @@ c.Execute.allow_errors = True
 
 # The hidden-test cells import ``autograder`` and ``solutions`` from this repository; kernels
 # started by nbgrader inherit this environment variable.
-os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(repo), os.environ.get("PYTHONPATH")]))
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    filter(None, [str(repo), os.environ.get("PYTHONPATH")])
+)

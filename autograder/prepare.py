@@ -26,10 +26,14 @@ class PreparedTest:
 
 def generator(seed: int, test_id: str) -> torch.Generator:
     """A generator per test, so adding a test never changes another test's inputs."""
-    return torch.Generator().manual_seed((seed * 1_000_003 + zlib.crc32(test_id.encode())) % 2**63)
+    return torch.Generator().manual_seed(
+        (seed * 1_000_003 + zlib.crc32(test_id.encode())) % 2**63
+    )
 
 
-def _randomised_state(module: torch.nn.Module, g: torch.Generator) -> dict[str, torch.Tensor]:
+def _randomised_state(
+    module: torch.nn.Module, g: torch.Generator
+) -> dict[str, torch.Tensor]:
     """Reference parameters drawn from ``g`` (not the module's own init), kept at unit scale."""
     with torch.no_grad():
         for p in module.parameters():
@@ -38,7 +42,9 @@ def _randomised_state(module: torch.nn.Module, g: torch.Generator) -> dict[str, 
     return {k: v.detach().clone() for k, v in module.state_dict().items()}
 
 
-def prepare(tests: ChapterTests, selected: list[HiddenTest], seed: int) -> list[PreparedTest]:
+def prepare(
+    tests: ChapterTests, selected: list[HiddenTest], seed: int
+) -> list[PreparedTest]:
     reference = vars(tests.reference())
     prepared = []
     for test in selected:
@@ -51,9 +57,13 @@ def prepare(tests: ChapterTests, selected: list[HiddenTest], seed: int) -> list[
                 module = reference[test.exercise](*c.init.args, **c.init.kwargs)
                 state = _randomised_state(module, g)
             plans.append(c.to_plan(state))
-        expected = probe.run(reference, [{"exercise": test.exercise, "calls": plans}])[0]
+        expected = probe.run(reference, [{"exercise": test.exercise, "calls": plans}])[
+            0
+        ]
         for outcome in expected:
             if "error" in outcome:
-                raise RuntimeError(f"the reference fails hidden test {test.id}: {outcome['error']}")
+                raise RuntimeError(
+                    f"the reference fails hidden test {test.id}: {outcome['error']}"
+                )
         prepared.append(PreparedTest(test, cases, plans, expected))
     return prepared

@@ -46,7 +46,9 @@ def call(namespace, exercise, plan):
     """Make one planned call of ``namespace[exercise]``; returns the raw result."""
     target = namespace.get(exercise)
     if target is None:
-        raise _Missing(f"the notebook does not define `{exercise}` (was it renamed or its cell not run?)")
+        raise _Missing(
+            f"the notebook does not define `{exercise}` (was it renamed or its cell not run?)"
+        )
     args = copy.deepcopy(plan["args"])  # a student may modify inputs in place
     kwargs = copy.deepcopy(plan["kwargs"])
     with torch.no_grad():
@@ -74,8 +76,13 @@ def run(namespace, plans):
         outcomes = []
         for one in plan["calls"]:
             try:
-                outcomes.append({"value": _to_plain(call(namespace, plan["exercise"], one))})
-            except (Exception, SystemExit) as exc:  # the student's error is data, not a crash
+                outcomes.append(
+                    {"value": _to_plain(call(namespace, plan["exercise"], one))}
+                )
+            except (
+                Exception,
+                SystemExit,
+            ) as exc:  # the student's error is data, not a crash
                 outcomes.append({"error": _describe(exc)})
         results.append(outcomes)
     return results

@@ -34,7 +34,11 @@ def _definitions(tree: ast.Module) -> dict[str, ast.FunctionDef]:
 def _statements(fn: ast.FunctionDef) -> list[ast.stmt]:
     """The body without its docstring."""
     body = fn.body
-    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+    if (
+        body
+        and isinstance(body[0], ast.Expr)
+        and isinstance(body[0].value, ast.Constant)
+    ):
         if isinstance(body[0].value.value, str):
             return body[1:]
     return body
@@ -49,7 +53,11 @@ def _is_stub_raise(stmt: ast.stmt) -> bool:
 
 def exercise_names(source: str) -> list[str]:
     """Names of the top-level functions and classes an exercise cell defines."""
-    return [n.name for n in ast.parse(source).body if isinstance(n, ast.FunctionDef | ast.ClassDef)]
+    return [
+        n.name
+        for n in ast.parse(source).body
+        if isinstance(n, ast.FunctionDef | ast.ClassDef)
+    ]
 
 
 def fill_solutions(stub_source: str, reference_source: str, where: str) -> str:
@@ -65,14 +73,20 @@ def fill_solutions(stub_source: str, reference_source: str, where: str) -> str:
         given, stub_raise = given[:-1], given[-1]
         reference = reference_defs.get(name)
         if reference is None:
-            raise SolutionError(f"{where}: `{name}` has a stub but no reference implementation")
+            raise SolutionError(
+                f"{where}: `{name}` has a stub but no reference implementation"
+            )
         full = _statements(reference)
         prefix = full[: len(given)]
         if [ast.dump(s) for s in prefix] != [ast.dump(s) for s in given]:
-            raise SolutionError(f"{where}: the code the stub `{name}` gives must begin its reference's body")
+            raise SolutionError(
+                f"{where}: the code the stub `{name}` gives must begin its reference's body"
+            )
         rest = full[len(given) :]
         if not rest:
-            raise SolutionError(f"{where}: the reference `{name}` has nothing beyond what the stub gives")
+            raise SolutionError(
+                f"{where}: the reference `{name}` has nothing beyond what the stub gives"
+            )
         # Start after the previous statement or the docstring, so that comments come along.
         if prefix:
             previous_end = prefix[-1].end_lineno
@@ -80,7 +94,9 @@ def fill_solutions(stub_source: str, reference_source: str, where: str) -> str:
             previous_end = reference.body[0].end_lineno  # the docstring
         else:
             previous_end = rest[0].lineno - 1
-        body = textwrap.dedent("\n".join(reference_lines[previous_end : rest[-1].end_lineno])).strip("\n")
+        body = textwrap.dedent(
+            "\n".join(reference_lines[previous_end : rest[-1].end_lineno])
+        ).strip("\n")
         indent = " " * stub_raise.col_offset
         fenced = (
             [indent + BEGIN]

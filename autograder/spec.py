@@ -30,7 +30,9 @@ class Init:
 
     args: tuple = ()
     kwargs: dict = field(default_factory=dict)
-    load_state: bool = True  # False: keep the module's own parameters (e.g. fixed buffers only)
+    load_state: bool = (
+        True  # False: keep the module's own parameters (e.g. fixed buffers only)
+    )
 
 
 @dataclass
@@ -45,7 +47,11 @@ class Case:
 
     def to_plan(self, state: dict | None) -> dict:
         """The plain data a probe needs to make this call (tensors, numbers, strings)."""
-        init = None if self.init is None else [list(self.init.args), dict(self.init.kwargs)]
+        init = (
+            None
+            if self.init is None
+            else [list(self.init.args), dict(self.init.kwargs)]
+        )
         return {
             "args": list(self.args),
             "kwargs": dict(self.kwargs),
@@ -56,7 +62,11 @@ class Case:
 
 
 def case(
-    *args: Any, label: str = "", init: Init | None = None, method: str | None = None, **kwargs: Any
+    *args: Any,
+    label: str = "",
+    init: Init | None = None,
+    method: str | None = None,
+    **kwargs: Any,
 ) -> Case:
     """Shorthand: ``case(q, k, v, mask=m, label="causal mask")``."""
     return Case(args=args, kwargs=kwargs, label=label, init=init, method=method)
@@ -115,12 +125,17 @@ class ChapterTests:
 
 
 def has_hidden_tests(chapter: str) -> bool:
-    return importlib.util.find_spec(f"autograder.hidden_tests.{module_name(chapter)}") is not None
+    return (
+        importlib.util.find_spec(f"autograder.hidden_tests.{module_name(chapter)}")
+        is not None
+    )
 
 
 def load_chapter_tests(chapter: str) -> ChapterTests:
     module = importlib.import_module(f"autograder.hidden_tests.{module_name(chapter)}")
-    tests = ChapterTests(chapter, list(module.TESTS), list(getattr(module, "MISTAKES", [])))
+    tests = ChapterTests(
+        chapter, list(module.TESTS), list(getattr(module, "MISTAKES", []))
+    )
     ids = [t.id for t in tests.tests]
     if len(set(ids)) != len(ids):
         raise ValueError(f"{chapter}: duplicate hidden test ids in {ids}")

@@ -13,7 +13,9 @@ def pick_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def difference(name: str, got, expected: torch.Tensor, rtol: float = 1e-5, atol: float = 1e-5) -> str | None:
+def difference(
+    name: str, got, expected: torch.Tensor, rtol: float = 1e-5, atol: float = 1e-5
+) -> str | None:
     """None when tensor ``got`` equals ``expected`` within tolerance, else what differs."""
     if not isinstance(got, torch.Tensor):
         return f"{name}: expected a tensor of shape {tuple(expected.shape)}, got {type(got).__name__}"
@@ -26,10 +28,16 @@ def difference(name: str, got, expected: torch.Tensor, rtol: float = 1e-5, atol:
             hint = " (a missing or extra dimension: check broadcasting and keepdim)"
         return f"{name}: expected shape {shape_exp}, got {shape_got}{hint}"
     if expected.dtype == torch.bool or not expected.is_floating_point():
-        if got.dtype != expected.dtype and (expected.dtype == torch.bool or got.is_floating_point()):
+        if got.dtype != expected.dtype and (
+            expected.dtype == torch.bool or got.is_floating_point()
+        ):
             return f"{name}: expected dtype {expected.dtype}, got {got.dtype}"
         wrong = (got.cpu() != expected.cpu()).sum().item()
-        return None if wrong == 0 else f"{name}: {wrong} of {expected.numel()} entries differ"
+        return (
+            None
+            if wrong == 0
+            else f"{name}: {wrong} of {expected.numel()} entries differ"
+        )
     if not got.is_floating_point():
         return f"{name}: expected a floating-point tensor, got dtype {got.dtype}"
     e, g = expected.detach().cpu().double(), got.detach().cpu().double()
@@ -56,7 +64,10 @@ def expect(condition: bool, message: str) -> None:
 
 
 def expect_shape(name: str, tensor, shape: tuple) -> None:
-    expect(isinstance(tensor, torch.Tensor), f"{name}: expected a tensor, got {type(tensor).__name__}")
+    expect(
+        isinstance(tensor, torch.Tensor),
+        f"{name}: expected a tensor, got {type(tensor).__name__}",
+    )
     expect(
         tuple(tensor.shape) == tuple(shape),
         f"{name}: expected shape {tuple(shape)}, got {tuple(tensor.shape)}",
@@ -64,7 +75,12 @@ def expect_shape(name: str, tensor, shape: tuple) -> None:
 
 
 def expect_close(
-    name: str, got, expected: torch.Tensor, rtol: float = 1e-5, atol: float = 1e-5, hint: str = ""
+    name: str,
+    got,
+    expected: torch.Tensor,
+    rtol: float = 1e-5,
+    atol: float = 1e-5,
+    hint: str = "",
 ) -> None:
     problem = difference(name, got, expected, rtol, atol)
     expect(problem is None, f"{problem}. {hint}".strip())

@@ -45,6 +45,12 @@ class SelfAttention(nn.Module):
         self.W_k = nn.Linear(d_model, d_k, bias=False)
         self.W_v = nn.Linear(d_model, d_v, bias=False)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        q, k, v = self.W_q(x), self.W_k(x), self.W_v(x)  # (B, n, d_k), (B, n, d_k), (B, n, d_v)
+    def forward(
+        self, x: torch.Tensor, mask: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        q, k, v = (
+            self.W_q(x),
+            self.W_k(x),
+            self.W_v(x),
+        )  # (B, n, d_k), (B, n, d_k), (B, n, d_v)
         return scaled_dot_product_attention(q, k, v, mask)

@@ -29,7 +29,9 @@ def answers(chapter: str) -> dict[str, str]:
     """The reference answer of every exercise cell, by grade id, without nbgrader's markers."""
     return {
         cell.metadata.nbgrader.grade_id: "\n".join(
-            line for line in cell.source.splitlines() if line.strip() not in (BEGIN, END)
+            line
+            for line in cell.source.splitlines()
+            if line.strip() not in (BEGIN, END)
         )
         for cell in source_notebook(chapter).cells
         if _is_solution(cell)
@@ -70,6 +72,8 @@ def notebook_timings() -> dict[str, float]:
 def pytest_terminal_summary(terminalreporter):
     """Report measured figures (a benchmark's print, not a timed assertion)."""
     if _TIMINGS:
-        terminalreporter.section("chapter notebooks: seconds to run top to bottom (budget 120 s)")
+        terminalreporter.section(
+            "chapter notebooks: seconds to run top to bottom (budget 120 s)"
+        )
         for chapter, seconds in sorted(_TIMINGS.items()):
             terminalreporter.write_line(f"{chapter}: {seconds:.1f} s")

@@ -11,7 +11,9 @@ from autograder.solution_cells import exercise_names
 from autograder.spec import load_chapter_tests
 from tests.conftest import CHAPTERS, answers, release_notebook, source_notebook
 
-NOTEBOOK_PRELUDE = "import math\nimport torch\nimport torch.nn.functional as F\nfrom torch import nn\n"
+NOTEBOOK_PRELUDE = (
+    "import math\nimport torch\nimport torch.nn.functional as F\nfrom torch import nn\n"
+)
 
 
 def _exercise_cells(chapter):
@@ -38,7 +40,9 @@ def _signatures(obj) -> dict[str, inspect.Signature]:
 
 
 def test_committed_notebooks_are_fresh():
-    assert stale_files() == [], "run `python -m autograder build` and commit the notebooks"
+    assert stale_files() == [], (
+        "run `python -m autograder build` and commit the notebooks"
+    )
 
 
 def test_each_stub_signature_equals_its_reference(chapter):
@@ -60,7 +64,11 @@ def test_each_stub_raises_not_implemented(chapter):
         for name in exercise_names(source):
             with pytest.raises(NotImplementedError):
                 obj = stubs[name]
-                params = [p for p in inspect.signature(obj).parameters.values() if p.default is p.empty]
+                params = [
+                    p
+                    for p in inspect.signature(obj).parameters.values()
+                    if p.default is p.empty
+                ]
                 obj(*[1] * len(params))
 
 
@@ -70,16 +78,32 @@ def _code(nb) -> str:
 
 def test_student_notebook_has_no_solution_code_and_no_hidden_tests(chapter):
     released = _code(release_notebook(chapter))
-    markers = ("BEGIN SOLUTION", "END SOLUTION", "BEGIN HIDDEN TESTS", "run_hidden_test")
-    imports = ("from autograder", "import autograder", "from solutions", "import solutions")
+    markers = (
+        "BEGIN SOLUTION",
+        "END SOLUTION",
+        "BEGIN HIDDEN TESTS",
+        "run_hidden_test",
+    )
+    imports = (
+        "from autograder",
+        "import autograder",
+        "from solutions",
+        "import solutions",
+    )
     for marker in markers + imports:
         assert marker not in released
-    stub_lines = {line.strip() for source in _exercise_cells(chapter) for line in source.splitlines()}
+    stub_lines = {
+        line.strip()
+        for source in _exercise_cells(chapter)
+        for line in source.splitlines()
+    }
     for answer in answers(chapter).values():
         for line in answer.splitlines():
             line = line.strip()
             if len(line) > 12 and line not in stub_lines and not line.startswith("#"):
-                assert line not in released, f"solution line leaked into the student notebook: {line}"
+                assert line not in released, (
+                    f"solution line leaked into the student notebook: {line}"
+                )
 
 
 def test_source_notebook_has_solutions_hidden_tests_and_points(chapter):
@@ -113,7 +137,11 @@ def test_every_chapter_is_in_the_table_of_contents(chapter_id):
 
 def test_complete_chapters_have_every_part(chapter):
     page = paths.chapter_source(chapter).read_text()
-    for heading in ("## Learning goals", "## Check your understanding", "## Further reading"):
+    for heading in (
+        "## Learning goals",
+        "## Check your understanding",
+        "## Further reading",
+    ):
         assert heading in page
     assert page.count("plt.show()") >= 2, "a chapter computes at least two figures"
     assert "{cite:" in page
@@ -131,3 +159,11 @@ def test_all_chapters_are_listed():
         "08_efficient_attention",
     ]
     assert set(CHAPTERS) <= set(paths.chapter_ids())
+
+
+def test_student_notebook_markdown_has_no_myst_left(chapter):
+    """Jupyter and Colab do not render MyST: citations, admonitions and roles are converted."""
+    for cell in release_notebook(chapter).cells:
+        if cell.cell_type == "markdown":
+            for myst in ("{cite:", ":::", "```{", "{ref}", "{doc}"):
+                assert myst not in cell.source, cell.source[:200]

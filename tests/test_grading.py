@@ -28,7 +28,10 @@ def _grade_cli(*args, timeout=600):
 
 def _with_extra_cell(nb, source, after_grade_id):
     for i, cell in enumerate(nb.cells):
-        if cell.get("metadata", {}).get("nbgrader", {}).get("grade_id") == after_grade_id:
+        if (
+            cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+            == after_grade_id
+        ):
             nb.cells.insert(i + 1, nbformat.v4.new_code_cell(source))
             return nb
     raise AssertionError(after_grade_id)
@@ -43,30 +46,48 @@ def batch(tmp_path_factory):
         "filled": write(good, d / "filled.ipynb"),
         "stub": write(release_notebook(CHAPTER), d / "stub.ipynb"),
         "unscaled": write(
-            student_notebook(CHAPTER, lambda s: s.replace(" / math.sqrt(d_k)", "")), d / "unscaled.ipynb"
+            student_notebook(CHAPTER, lambda s: s.replace(" / math.sqrt(d_k)", "")),
+            d / "unscaled.ipynb",
         ),
         "renamed": write(
-            student_notebook(CHAPTER, lambda s: s.replace("def causal_mask(", "def make_causal_mask(")),
+            student_notebook(
+                CHAPTER,
+                lambda s: s.replace("def causal_mask(", "def make_causal_mask("),
+            ),
             d / "renamed.ipynb",
         ),
         "hangs_in_cell": write(
-            _with_extra_cell(student_notebook(CHAPTER), "while True:\n    pass", "exercise_causal_mask"),
+            _with_extra_cell(
+                student_notebook(CHAPTER),
+                "while True:\n    pass",
+                "exercise_causal_mask",
+            ),
             d / "loop.ipynb",
         ),
         "hangs_in_function": write(
             student_notebook(
-                CHAPTER, lambda s: s.replace("    d_k = q.size(-1)\n", "    while True:\n        pass\n")
+                CHAPTER,
+                lambda s: s.replace(
+                    "    d_k = q.size(-1)\n", "    while True:\n        pass\n"
+                ),
             ),
             d / "hangs.ipynb",
         ),
         "sys_exit_in_function": write(
             student_notebook(
-                CHAPTER, lambda s: s.replace("    d_k = q.size(-1)\n", "    raise SystemExit(0)\n")
+                CHAPTER,
+                lambda s: s.replace(
+                    "    d_k = q.size(-1)\n", "    raise SystemExit(0)\n"
+                ),
             ),
             d / "sysexit.ipynb",
         ),
         "os_exit": write(
-            _with_extra_cell(student_notebook(CHAPTER), "import os\nos._exit(3)", "exercise_SelfAttention"),
+            _with_extra_cell(
+                student_notebook(CHAPTER),
+                "import os\nos._exit(3)",
+                "exercise_SelfAttention",
+            ),
             d / "exit.ipynb",
         ),
     }
@@ -113,8 +134,15 @@ def test_wrong_answer_loses_its_points_and_is_named(batch):
     result = batch["unscaled"]
     scores = _scores(result)
     assert scores["causal_mask_values"] == 1.0 and scores["padding_mask_values"] == 1.0
-    assert scores["sdpa_basic"] == scores["sdpa_masked"] == scores["sdpa_edge_cases"] == 0.0
-    assert scores["self_attention_module"] == 0.0  # it uses the student's unscaled attention
+    assert (
+        scores["sdpa_basic"]
+        == scores["sdpa_masked"]
+        == scores["sdpa_edge_cases"]
+        == 0.0
+    )
+    assert (
+        scores["self_attention_module"] == 0.0
+    )  # it uses the student's unscaled attention
     messages = " ".join(t["message"] for t in result["tests"])
     assert "did you divide q k^T by sqrt(d_k)?" in messages
 
@@ -142,7 +170,10 @@ def test_infinite_loop_in_a_function_fails_only_its_tests(batch):
 def test_system_exit_in_a_function_is_an_error_not_a_crash(batch):
     result = batch["sys_exit_in_function"]
     assert _scores(result)["causal_mask_values"] == 1.0
-    assert "SystemExit" in next(t for t in result["tests"] if t["id"] == "sdpa_basic")["message"]
+    assert (
+        "SystemExit"
+        in next(t for t in result["tests"] if t["id"] == "sdpa_basic")["message"]
+    )
 
 
 def test_kernel_death_gives_zero_and_says_why(batch):
@@ -180,7 +211,11 @@ def test_plain_nbgrader_workflow(tmp_path):
 
     def nbgrader(*args):
         run = subprocess.run(
-            [sys.executable, "-m", "nbgrader", *args], cwd=root, env=env, capture_output=True, text=True
+            [sys.executable, "-m", "nbgrader", *args],
+            cwd=root,
+            env=env,
+            capture_output=True,
+            text=True,
         )
         assert run.returncode == 0, run.stdout + run.stderr
         return run
@@ -188,7 +223,10 @@ def test_plain_nbgrader_workflow(tmp_path):
     nbgrader("db", "student", "add", "alice")
     nbgrader("db", "student", "add", "bob")
     nbgrader("generate_assignment", CHAPTER, "--force")
-    for student, nb in [("alice", student_notebook(CHAPTER)), ("bob", release_notebook(CHAPTER))]:
+    for student, nb in [
+        ("alice", student_notebook(CHAPTER)),
+        ("bob", release_notebook(CHAPTER)),
+    ]:
         folder = root / "submitted" / student / CHAPTER
         folder.mkdir(parents=True)
         write(nb, folder / f"{CHAPTER}.ipynb")

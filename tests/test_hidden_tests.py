@@ -29,7 +29,9 @@ def verdicts(tests, namespace, seed=0, selected=None):
 def test_reference_passes_every_hidden_test(chapter, seed):
     tests = load_chapter_tests(chapter)
     results = verdicts(tests, vars(tests.reference()), seed)
-    assert all(v.passed for v in results.values()), {k: v.message for k, v in results.items() if not v.passed}
+    assert all(v.passed for v in results.values()), {
+        k: v.message for k, v in results.items() if not v.passed
+    }
 
 
 def _stub(*args, **kwargs):
@@ -74,7 +76,10 @@ def test_every_known_mistake_is_caught_and_named(chapter_id):
         results = verdicts(tests, namespace, 0, selected)
         failing = [v for v in results.values() if not v.passed]
         assert failing, f"no hidden test catches {mistake.exercise}: {mistake.name}"
-        assert any(mistake.hint in v.message for v in failing), (mistake.name, [v.message for v in failing])
+        assert any(mistake.hint in v.message for v in failing), (
+            mistake.name,
+            [v.message for v in failing],
+        )
 
 
 # Wrong answers written independently of the mistake catalogue: the hidden tests must catch
@@ -101,7 +106,9 @@ def _sdpa_naive_exp(q, k, v, mask=None):
     scores = torch.exp(q @ k.transpose(-2, -1) / math.sqrt(q.size(-1)))
     if mask is not None:
         scores = scores * mask
-    weights = scores / scores.sum(-1, keepdim=True)  # overflows on large logits, 0/0 on empty rows
+    weights = scores / scores.sum(
+        -1, keepdim=True
+    )  # overflows on large logits, 0/0 on empty rows
     return weights @ v, weights
 
 
@@ -142,7 +149,9 @@ class _SelfAttentionOwnNames(torch.nn.Module):
         self.value = torch.nn.Linear(d_model, d_v, bias=False)
 
     def forward(self, x, mask=None):
-        return sa.scaled_dot_product_attention(self.query(x), self.key(x), self.value(x), mask)
+        return sa.scaled_dot_product_attention(
+            self.query(x), self.key(x), self.value(x), mask
+        )
 
 
 INDEPENDENT_WRONG_ANSWERS = {
@@ -153,7 +162,10 @@ INDEPENDENT_WRONG_ANSWERS = {
         _sdpa_naive_exp: ["sdpa_edge_cases"],
         _sdpa_numpy_result: ["sdpa_basic", "sdpa_masked", "sdpa_edge_cases"],
     },
-    "causal_mask": {_causal_int: ["causal_mask_values"], _causal_list: ["causal_mask_values"]},
+    "causal_mask": {
+        _causal_int: ["causal_mask_values"],
+        _causal_list: ["causal_mask_values"],
+    },
     "padding_mask": {_padding_with_lengths_as_n: ["padding_mask_values"]},
     "SelfAttention": {
         _SelfAttentionWithBias: ["self_attention_module"],
@@ -164,12 +176,18 @@ INDEPENDENT_WRONG_ANSWERS = {
 
 @pytest.mark.parametrize(
     "exercise, wrong, test_ids",
-    [(e, w, ids) for e, answers in INDEPENDENT_WRONG_ANSWERS.items() for w, ids in answers.items()],
+    [
+        (e, w, ids)
+        for e, answers in INDEPENDENT_WRONG_ANSWERS.items()
+        for w, ids in answers.items()
+    ],
     ids=lambda x: getattr(x, "__name__", None) if callable(x) else None,
 )
 def test_independent_wrong_answers_fail(exercise, wrong, test_ids):
     tests = load_chapter_tests("03_self_attention")
-    results = verdicts(tests, {**vars(sa), exercise: wrong}, 0, [tests.test(i) for i in test_ids])
+    results = verdicts(
+        tests, {**vars(sa), exercise: wrong}, 0, [tests.test(i) for i in test_ids]
+    )
     for test_id, v in results.items():
         assert not v.passed, f"{wrong.__name__} passes {test_id}"
 
@@ -177,7 +195,9 @@ def test_independent_wrong_answers_fail(exercise, wrong, test_ids):
 def test_float64_answer_is_accepted():
     """A correct answer computed in float64 is still correct: precision is not a mistake."""
     tests = load_chapter_tests("03_self_attention")
-    results = verdicts(tests, {**vars(sa), "scaled_dot_product_attention": _sdpa_float64}, 0)
+    results = verdicts(
+        tests, {**vars(sa), "scaled_dot_product_attention": _sdpa_float64}, 0
+    )
     assert all(v.passed for v in results.values())
 
 

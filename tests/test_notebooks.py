@@ -15,14 +15,24 @@ def test_filled_in_notebook_runs_top_to_bottom(chapter, tmp_path, notebook_timin
     nb = student_notebook(chapter)
     start = time.perf_counter()
     NotebookClient(
-        nb, timeout=BUDGET_SECONDS, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+        nb,
+        timeout=BUDGET_SECONDS,
+        kernel_name="python3",
+        resources={"metadata": {"path": str(tmp_path)}},
     ).execute()
     notebook_timings[chapter] = time.perf_counter() - start
     errors = [
-        o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", []) if o.output_type == "error"
+        o
+        for c in nb.cells
+        if c.cell_type == "code"
+        for o in c.get("outputs", [])
+        if o.output_type == "error"
     ]
     assert not errors
     checks = "".join(
-        o.get("text", "") for c in nb.cells if "checks" in c.metadata.get("tags", []) for o in c.outputs
+        o.get("text", "")
+        for c in nb.cells
+        if "checks" in c.metadata.get("tags", [])
+        for o in c.outputs
     )
     assert checks.count("\N{CHECK MARK}") >= 1

@@ -17,18 +17,33 @@ def _random_mask(*shape, p=0.5):
 
 @pytest.mark.parametrize(
     "batch, n_q, n_k, d_k, d_v",
-    [((), 4, 4, 8, 8), ((3,), 5, 7, 8, 3), ((2, 4), 6, 6, 16, 16), ((2, 3, 2), 1, 9, 4, 5)],
+    [
+        ((), 4, 4, 8, 8),
+        ((3,), 5, 7, 8, 3),
+        ((2, 4), 6, 6, 16, 16),
+        ((2, 3, 2), 1, 9, 4, 5),
+    ],
 )
 def test_sdpa_matches_torch_without_and_with_masks(batch, n_q, n_k, d_k, d_v):
     torch.manual_seed(0)
-    q, k, v = torch.randn(*batch, n_q, d_k), torch.randn(*batch, n_k, d_k), torch.randn(*batch, n_k, d_v)
+    q, k, v = (
+        torch.randn(*batch, n_q, d_k),
+        torch.randn(*batch, n_k, d_k),
+        torch.randn(*batch, n_k, d_v),
+    )
     out, weights = sa.scaled_dot_product_attention(q, k, v)
     torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v))
     assert weights.shape == (*batch, n_q, n_k)
-    for mask_shape in [(n_q, n_k), (*batch, n_q, n_k), (*batch[:1], *[1] * (len(batch) - 1), 1, n_k)]:
+    for mask_shape in [
+        (n_q, n_k),
+        (*batch, n_q, n_k),
+        (*batch[:1], *[1] * (len(batch) - 1), 1, n_k),
+    ]:
         mask = _random_mask(*mask_shape)
         out, weights = sa.scaled_dot_product_attention(q, k, v, mask)
-        torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, attn_mask=mask))
+        torch.testing.assert_close(
+            out, F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        )
         assert bool((weights.masked_select(~mask.expand_as(weights)) == 0).all())
 
 
@@ -44,13 +59,19 @@ def test_fully_masked_rows_give_zeros_and_finite_gradients():
     mask = _random_mask(2, 4, 4)
     mask[1, 2] = False
     out, weights = sa.scaled_dot_product_attention(q, k, v, mask)
-    assert torch.equal(out[1, 2], torch.zeros(8)) and torch.equal(weights[1, 2], torch.zeros(4))
+    assert torch.equal(out[1, 2], torch.zeros(8)) and torch.equal(
+        weights[1, 2], torch.zeros(4)
+    )
     out.sum().backward()
     assert all(torch.isfinite(t.grad).all() for t in (q, k, v))
 
 
 def test_large_logits_stay_finite():
-    q, k, v = torch.randn(2, 5, 16) * 100, torch.randn(2, 5, 16) * 100, torch.randn(2, 5, 16)
+    q, k, v = (
+        torch.randn(2, 5, 16) * 100,
+        torch.randn(2, 5, 16) * 100,
+        torch.randn(2, 5, 16),
+    )
     out, weights = sa.scaled_dot_product_attention(q, k, v)
     assert torch.isfinite(out).all() and torch.isfinite(weights).all()
     torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v))
@@ -60,10 +81,15 @@ def test_causal_mask_matches_torch_is_causal():
     for n in (1, 2, 7):
         mask = sa.causal_mask(n)
         assert mask.dtype == torch.bool and mask.shape == (n, n)
-        assert all(bool(mask[i, j]) == (j <= i) for i, j in itertools.product(range(n), repeat=2))
+        assert all(
+            bool(mask[i, j]) == (j <= i)
+            for i, j in itertools.product(range(n), repeat=2)
+        )
     q, k, v = torch.randn(3, 6, 8), torch.randn(3, 6, 8), torch.randn(3, 6, 8)
     out, _ = sa.scaled_dot_product_attention(q, k, v, sa.causal_mask(6))
-    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v, is_causal=True))
+    torch.testing.assert_close(
+        out, F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    )
 
 
 def test_padding_mask_marks_real_tokens():
@@ -102,5 +128,9 @@ def test_self_attention_with_causal_mask_is_causal():
         changed[:, t] = torch.randn(2, 12)
         before, _ = layer(x, sa.causal_mask(6))
         after, _ = layer(changed, sa.causal_mask(6))
-        torch.testing.assert_close(after[:, :t], before[:, :t])  # earlier positions unaffected
-        assert not torch.allclose(after[:, t], before[:, t])  # the changed position is affected
+        torch.testing.assert_close(
+            after[:, :t], before[:, :t]
+        )  # earlier positions unaffected
+        assert not torch.allclose(
+            after[:, t], before[:, t]
+        )  # the changed position is affected

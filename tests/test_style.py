@@ -7,7 +7,9 @@ from autograder.paths import REPO
 
 
 def _ruff(*args):
-    return subprocess.run([sys.executable, "-m", "ruff", *args], cwd=REPO, capture_output=True, text=True)
+    return subprocess.run(
+        [sys.executable, "-m", "ruff", *args], cwd=REPO, capture_output=True, text=True
+    )
 
 
 def test_ruff_lint():

@@ -30,7 +30,9 @@ def _random_mask(g, *shape):
 def _sdpa_basic_cases(g):
     return [
         case(*_qkv(g, (2,), 5, 7, 8, 3), label="n_q != n_k and d_k != d_v"),
-        case(*_qkv(g, (2, 3), 4, 4, 16, 16), label="extra batch dimensions (B, h, n, d)"),
+        case(
+            *_qkv(g, (2, 3), 4, 4, 16, 16), label="extra batch dimensions (B, h, n, d)"
+        ),
         case(*_qkv(g, (), 6, 6, 32, 32), label="no batch dimension"),
     ]
 
@@ -38,14 +40,20 @@ def _sdpa_basic_cases(g):
 def _sdpa_masked_cases(g):
     lengths = torch.tensor([7, 3])
     return [
-        case(*_qkv(g, (2,), 6, 6, 8, 8), mask=ref.causal_mask(6), label="causal mask of shape (n, n)"),
+        case(
+            *_qkv(g, (2,), 6, 6, 8, 8),
+            mask=ref.causal_mask(6),
+            label="causal mask of shape (n, n)",
+        ),
         case(
             *_qkv(g, (2,), 5, 7, 8, 4),
             mask=ref.padding_mask(lengths, 7),
             label="padding mask of shape (B, 1, n_k)",
         ),
         case(
-            *_qkv(g, (2, 3), 5, 7, 8, 8), mask=_random_mask(g, 2, 1, 5, 7), label="mask broadcast over heads"
+            *_qkv(g, (2, 3), 5, 7, 8, 8),
+            mask=_random_mask(g, 2, 1, 5, 7),
+            label="mask broadcast over heads",
         ),
     ]
 
@@ -55,7 +63,11 @@ def _sdpa_edge_cases(g):
     fully_masked[0, 1] = False
     fully_masked[1, 4] = False
     return [
-        case(*_qkv(g, (2,), 6, 6, 8, 8), mask=fully_masked, label="fully masked query rows must give zeros"),
+        case(
+            *_qkv(g, (2,), 6, 6, 8, 8),
+            mask=fully_masked,
+            label="fully masked query rows must give zeros",
+        ),
         case(*_qkv(g, (3,), 1, 1, 4, 4), label="sequences of length 1"),
         case(*_qkv(g, (2,), 5, 5, 16, 16, scale=30.0), label="very large logits"),
         case(
@@ -149,7 +161,9 @@ TESTS = [
 # ---------------------------------------------------------------- plausible wrong answers
 
 
-def _wrong_sdpa(*, scale="sqrt", softmax_dim=-1, invert_mask=False, transpose=False, minus_inf=False):
+def _wrong_sdpa(
+    *, scale="sqrt", softmax_dim=-1, invert_mask=False, transpose=False, minus_inf=False
+):
     """scaled_dot_product_attention with one deliberate slip."""
 
     def sdpa(q, k, v, mask=None):
@@ -201,7 +215,9 @@ class _SelfAttentionUnscaled(ref.SelfAttention):
 
 class _SelfAttentionSwappedQK(ref.SelfAttention):
     def forward(self, x, mask=None):
-        return ref.scaled_dot_product_attention(self.W_k(x), self.W_q(x), self.W_v(x), mask)
+        return ref.scaled_dot_product_attention(
+            self.W_k(x), self.W_q(x), self.W_v(x), mask
+        )
 
 
 class _SelfAttentionIgnoresMask(ref.SelfAttention):

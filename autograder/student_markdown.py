@@ -1,0 +1,76 @@
+"""Turn the MyST of the book into the Markdown that Jupyter and Colab render.
+
+The chapter sources use MyST: citations (``{cite:p}`key```), admonitions (``:::{note}``)
+and dropdowns. A notebook shows those as raw text, so the student notebooks get plain
+equivalents: "(Vaswani et al., 2017)", block quotes, and ``<details>`` for dropdowns.
+"""
+
+import re
+from functools import cache
+
+from pybtex.database import parse_file
+
+from autograder.paths import REPO
+
+_CITE = re.compile(r"\{cite:(p|t)\}`([^`]+)`")
+_ADMONITION = re.compile(
+    r"^:::\{(?P<kind>[a-z]+)\}(?P<title>[^\n]*)\n(?P<options>(?::[a-z-]+:[^\n]*\n)*)(?P<body>.*?)\n:::[ \t]*$",
+    re.DOTALL | re.MULTILINE,
+)
+_ROLE = re.compile(r"\{[a-z:-]+\}`([^`<]*?)(?:\s*<[^>]*>)?`")
+
+
+class MarkdownError(ValueError):
+    pass
+
+
+@cache
+def _bibliography():
+    return parse_file(REPO / "references.bib").entries
+
+
+def _author_year(key: str) -> tuple[str, str]:
+    entry = _bibliography().get(key)
+    if entry is None:
+        raise MarkdownError(f"unknown citation key {key!r} (add it to references.bib)")
+    authors = [
+        re.sub(r"[{}\\]", "", " ".join(p.last_names)) for p in entry.persons["author"]
+    ]
+    names = (
+        authors[0]
+        if len(authors) == 1
+        else " and ".join(authors)
+        if len(authors) == 2
+        else f"{authors[0]} et al."
+    )
+    return names, entry.fields["year"]
+
+
+def _citation(match: re.Match) -> str:
+    pairs = [_author_year(key.strip()) for key in match.group(2).split(",")]
+    if match.group(1) == "p":
+        return "(" + "; ".join(f"{names}, {year}" for names, year in pairs) + ")"
+    return ", ".join(f"{names} ({year})" for names, year in pairs)
+
+
+def _admonition(match: re.Match) -> str:
+    kind, title, body = (
+        match.group("kind"),
+        match.group("title").strip(),
+        match.group("body").strip("\n"),
+    )
+    if ":class: dropdown" in match.group("options"):
+        return f"<details><summary><b>{title or kind.capitalize()}</b> (click to open)</summary>\n\n{body}\n\n</details>"
+    quoted = "\n".join(f"> {line}" if line else ">" for line in body.splitlines())
+    return f"> **{title or kind.capitalize()}**\n>\n{quoted}"
+
+
+def to_jupyter_markdown(text: str) -> str:
+    text = _CITE.sub(_citation, text)
+    text = _ADMONITION.sub(_admonition, text)
+    text = _ROLE.sub(lambda m: m.group(1), text)
+    if re.search(r"^(:::|```)\{", text, re.MULTILINE):
+        raise MarkdownError(
+            f"a MyST directive has no plain-Markdown form for notebooks: {text[:200]!r}"
+        )
+    return text
