@@ -57,16 +57,26 @@ def call(namespace, exercise, plan):
         init_args, init_kwargs = plan["init"]
         module = target(*init_args, **init_kwargs)
         if plan["state"] is not None:
-            try:
-                module.load_state_dict(plan["state"], strict=True)
-            except (RuntimeError, AttributeError, TypeError) as exc:
-                raise _Missing(
-                    f"could not load the test's weights into your `{exercise}`: {_describe(exc)}. "
-                    "Name and shape the parameters exactly as the docstring says."
-                ) from None
+            _load_state(module, plan["state"], exercise)
         module.eval()
         method = module if plan["method"] is None else getattr(module, plan["method"])
         return method(*args, **kwargs)
+
+
+def _load_state(module, state, exercise):
+    """Load the test's weights; the student's module may hold extra buffers, not lack any."""
+    try:
+        result = module.load_state_dict(state, strict=False)
+    except (RuntimeError, AttributeError, TypeError) as exc:
+        raise _Missing(
+            f"could not load the test's weights into your `{exercise}`: {_describe(exc)}. "
+            "Shape the parameters exactly as the docstring says."
+        ) from None
+    if result.unexpected_keys:
+        raise _Missing(
+            f"your `{exercise}` has no parameters named {', '.join(result.unexpected_keys)}; "
+            f"it has {', '.join(module.state_dict()) or 'none'}. Name them as the docstring says."
+        )
 
 
 def run(namespace, plans):

@@ -192,6 +192,27 @@ def test_independent_wrong_answers_fail(exercise, wrong, test_ids):
         assert not v.passed, f"{wrong.__name__} passes {test_id}"
 
 
+class _SelfAttentionWithScaleBuffer(sa.SelfAttention):
+    """Correct, with an extra buffer the reference does not have."""
+
+    def __init__(self, d_model, d_k, d_v):
+        super().__init__(d_model, d_k, d_v)
+        self.register_buffer("scale", torch.tensor(1 / math.sqrt(d_k)))
+
+
+def test_extra_buffers_in_a_correct_module_are_accepted():
+    tests = load_chapter_tests("03_self_attention")
+    namespace = {**vars(sa), "SelfAttention": _SelfAttentionWithScaleBuffer}
+    assert verdicts(tests, namespace, 0)["self_attention_module"].passed
+
+
+def test_wrongly_named_parameters_are_explained():
+    tests = load_chapter_tests("03_self_attention")
+    namespace = {**vars(sa), "SelfAttention": _SelfAttentionOwnNames}
+    message = verdicts(tests, namespace, 0)["self_attention_module"].message
+    assert "no parameters named W_q.weight" in message and "query.weight" in message
+
+
 def test_float64_answer_is_accepted():
     """A correct answer computed in float64 is still correct: precision is not a mistake."""
     tests = load_chapter_tests("03_self_attention")

@@ -162,9 +162,10 @@ TESTS = [
 
 
 def _wrong_sdpa(
-    *, scale="sqrt", softmax_dim=-1, invert_mask=False, transpose=False, minus_inf=False
+    *, scale="sqrt", softmax_dim=-1, invert_mask=False, transpose=False, fill=None
 ):
-    """scaled_dot_product_attention with one deliberate slip."""
+    """scaled_dot_product_attention with one deliberate slip. ``fill``: the value put in
+    masked scores by a version that does not zero fully masked rows afterwards."""
 
     def sdpa(q, k, v, mask=None):
         d_k = q.size(-1)
@@ -174,10 +175,10 @@ def _wrong_sdpa(
         scores = scores / {"sqrt": math.sqrt(d_k), "none": 1.0, "d_k": d_k}[scale]
         if mask is not None:
             mask = ~mask if invert_mask else mask
-            fill = float("-inf") if minus_inf else torch.finfo(scores.dtype).min
-            scores = scores.masked_fill(~mask, fill)
+            value = torch.finfo(scores.dtype).min if fill is None else fill
+            scores = scores.masked_fill(~mask, value)
         weights = torch.softmax(scores, dim=softmax_dim)
-        if mask is not None and not minus_inf:
+        if mask is not None and fill is None:
             weights = weights.masked_fill(~mask, 0.0)
         return weights @ v, weights
 
@@ -260,8 +261,16 @@ MISTAKES = [
     Mistake(
         SDPA,
         "-inf fill",
-        "fully masked rows come out as NaN: filling with -inf makes softmax divide 0 by 0; zero those rows (or fill with a large finite negative number and zero the masked weights).",
-        _wrong_sdpa(minus_inf=True),
+        "fully masked rows come out as NaN: filling with -inf makes the softmax divide 0 by "
+        "0; zero the weights of rows that may attend to nothing.",
+        _wrong_sdpa(fill=float("-inf")),
+    ),
+    Mistake(
+        SDPA,
+        "-1e9 fill",
+        "fully masked rows get uniform weights instead of zeros: with a finite fill (like "
+        "-1e9) their softmax is uniform; zero the weights of masked positions afterwards.",
+        _wrong_sdpa(fill=-1e9),
     ),
     Mistake(
         "causal_mask",
