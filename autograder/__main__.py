@@ -28,7 +28,15 @@ def _book(args) -> int:
     from autograder.paths import REPO
 
     build()
-    command = ["jupyter-book", "build", str(REPO), "--warningiserror", "--keep-going"]
+    # jupyter-book's console script sits beside this Python (a venv's bin/ or the user's).
+    jupyter_book = Path(sys.executable).with_name("jupyter-book")
+    command = [
+        str(jupyter_book),
+        "build",
+        str(REPO),
+        "--warningiserror",
+        "--keep-going",
+    ]
     if args.all:
         command.append("--all")
     return subprocess.run(command).returncode

@@ -77,8 +77,8 @@ def _inline_course_utils(source: str) -> str:
     ]  # the module docstring speaks to maintainers: leave it out
     module = "\n".join(text.splitlines()[docstring.end_lineno :]).strip("\n")
     header = (
-        "# Course helpers shared by every chapter (a copy of chapters/course_utils.py).\n"
-        "# Run this cell; you do not need to read it."
+        "# @title Course helpers: run this cell (no need to read it)\n"  # Colab folds it
+        "# Shared by every chapter: a copy of chapters/course_utils.py."
     )
     lines = source.splitlines()
     for node in reversed(ast.parse(source).body):
@@ -125,7 +125,8 @@ def source_notebook(chapter: str, tests: ChapterTests):
         if "course-utils" in tags:
             new.source = _inline_course_utils(cell.source)
             new.metadata.update(_nbgrader("course_utils", locked=True))
-            new.metadata["jupyter"] = {"source_hidden": True}
+            new.metadata["jupyter"] = {"source_hidden": True}  # folded in JupyterLab
+            new.metadata["cellView"] = "form"  # folded in Colab
         elif "exercise" in tags:
             names = exercise_names(cell.source)
             new.source = fill_solutions(
