@@ -104,58 +104,59 @@ class _Run:
     """What happened while the notebook ran, for the messages."""
 
     errors: list[str]
-    died_in: int | None = None  # index of the student cell during which the kernel died
-    timed_out: bool = False
+    died_in_cell: int | None = (
+        None  # the student's code cell during which the kernel died
+    )
+    died_in_test: bool = (
+        False  # the kernel died while a hidden test called student code
+    )
 
 
-def _execute(
+def _run_notebook(
     nb, prepared: list[PreparedTest], workdir: Path, limits: Limits
 ) -> tuple[list[list[dict] | None], _Run]:
-    student_cells = [
+    """Execute the student's code cells, then one probe cell per hidden test; returns each
+    test's raw outcomes (None where the probe wrote nothing) and what went wrong."""
+    student = [
         nbformat.v4.new_code_cell(c.source)
         for c in nb.cells
         if c.get("cell_type") == "code"
     ]
-    cells = list(student_cells) + [nbformat.v4.new_code_cell(_probe_setup_cell())]
-    result_paths = []
+    probes, result_paths = [nbformat.v4.new_code_cell(_probe_setup_cell())], []
     for i, p in enumerate(prepared):
         plan, result = workdir / f"plan_{i}.pt", workdir / f"result_{i}.pt"
         torch.save([p.probe_plan], plan)
         result_paths.append(result)
-        cells.append(
-            nbformat.v4.new_code_cell(
-                f"_grader_probe.run_files({str(plan)!r}, {str(result)!r}, globals())"
-            )
-        )
-    run = _Run(errors=[])
-    n_student = len(student_cells)
-    deadline = time.monotonic() + limits.notebook
-    current = {"index": -1}
+        call = f"_grader_probe.run_files({str(plan)!r}, {str(result)!r}, globals())"
+        probes.append(nbformat.v4.new_code_cell(call))
 
-    def timeout_for(cell) -> int:
-        index = cells.index(cell)
-        if index >= n_student:
-            return max(1, int(limits.test))
-        return max(1, int(min(limits.cell, deadline - time.monotonic())))
+    deadline = time.monotonic() + limits.notebook
+    current = {
+        "index": -1
+    }  # the cell being run, set by nbclient before it asks for a timeout
 
     def on_cell_start(cell, cell_index):
         current["index"] = cell_index
 
+    def timeout_for(cell) -> int:
+        if current["index"] >= len(student):
+            return max(1, int(limits.test))
+        return max(1, int(min(limits.cell, deadline - time.monotonic())))
+
     client = _QuietClient(
-        nbformat.v4.new_notebook(cells=cells),
+        nbformat.v4.new_notebook(cells=student + probes),
         timeout_func=timeout_for,
+        on_cell_start=on_cell_start,
         startup_timeout=int(limits.startup),
         allow_errors=True,
         interrupt_on_timeout=True,
-        error_on_timeout={
-            "ename": "TimeoutError",
-            "evalue": "the cell ran past its time limit",
-        },
+        error_on_timeout={"ename": "TimeoutError", "evalue": "past its time limit"},
         kernel_name="python3",
         extra_arguments=["--log-level=ERROR"],
         resources={"metadata": {"path": str(workdir)}},
-        on_cell_start=on_cell_start,
     )
+    run = _Run(errors=[])
+    # A cell that ignores interrupts cannot outlast this: the kernel is shut down.
     hard_stop = limits.notebook + limits.test * len(prepared) + limits.startup + 30
     watchdog = threading.Timer(
         hard_stop, lambda: client.km and client.km.shutdown_kernel(now=True)
@@ -164,20 +165,22 @@ def _execute(
     try:
         client.execute(env=_kernel_environment())
     except DeadKernelError:
-        run.died_in = current["index"] if current["index"] < n_student else None
+        if current["index"] < len(student):
+            run.died_in_cell = current["index"]
+        else:
+            run.died_in_test = True
     except Exception as exc:  # noqa: BLE001 (nbclient's own failures become messages)
         run.errors.append(
             f"the notebook could not be run: {type(exc).__name__}: {exc}"[:300]
         )
     finally:
         watchdog.cancel()
-    for i, cell in enumerate(client.nb.cells[:n_student]):
+    for i, cell in enumerate(client.nb.cells[: len(student)]):
         for out in cell.get("outputs", []):
             if out.get("ename") in (
                 "TimeoutError",
                 "KeyboardInterrupt",
-            ):  # only our time limit interrupts
-                run.timed_out = True
+            ):  # only our limits interrupt
                 run.errors.append(
                     f"code cell {i + 1} ran past its time limit and was interrupted"
                 )
@@ -185,15 +188,15 @@ def _execute(
                 run.errors.append(
                     f"code cell {i + 1}: {out.get('ename')}: {out.get('evalue')}"
                 )
-    results = []
-    for path in result_paths:
-        try:
-            results.append(
-                torch.load(path, weights_only=True)[0] if path.exists() else None
-            )
-        except Exception:  # noqa: BLE001 (a result file the student's code corrupted counts as no result)
-            results.append(None)
-    return results, run
+    return [_read_result(path) for path in result_paths], run
+
+
+def _read_result(path: Path) -> list[dict] | None:
+    """A probe's saved outcomes; None when it wrote none or the file is not a clean result."""
+    try:
+        return torch.load(path, weights_only=True)[0] if path.exists() else None
+    except Exception:  # noqa: BLE001 (whatever student code did to the file, it is no result)
+        return None
 
 
 def _kernel_environment() -> dict[str, str]:
@@ -208,12 +211,17 @@ def _kernel_environment() -> dict[str, str]:
 
 
 def _missing_reason(run: _Run) -> str:
-    if run.died_in is not None:
+    if run.died_in_cell is not None:
         return (
-            f"no result: the kernel died while running code cell {run.died_in + 1} of your notebook "
-            "(os._exit, a crash, or running out of memory), so nothing after it ran"
+            f"no result: the kernel died while running code cell {run.died_in_cell + 1} of "
+            "your notebook (os._exit, a crash, or running out of memory), so nothing after it ran"
         )
-    return "no result: the test did not finish within its time limit, or your code stopped the grader's call"
+    if run.died_in_test:
+        return (
+            "no result: the kernel died while the hidden tests called your code "
+            "(os._exit, a crash, or running out of memory)"
+        )
+    return "no result: the test did not finish within its time limit, or your code stopped it"
 
 
 def grade_notebook(
@@ -267,7 +275,7 @@ def grade_notebook(
     verdicts, run = _grade(nb, tests, seed, limits)
     result["tests"] = [v.as_json() for v in verdicts]
     result["score"] = float(sum(v.score for v in verdicts))
-    if run.died_in is not None:
+    if run.died_in_cell is not None or run.died_in_test:
         notes.append(_missing_reason(run))
     if run.errors:
         notes.append(
@@ -282,7 +290,7 @@ def _grade(
 ) -> tuple[list[Verdict], _Run]:
     prepared = prepare(tests, tests.tests, seed)
     with tempfile.TemporaryDirectory(prefix="grade-") as tmp:
-        got, run = _execute(nb, prepared, Path(tmp), limits)
+        got, run = _run_notebook(nb, prepared, Path(tmp), limits)
     reason = _missing_reason(run)
     return [
         judge(tests, p.test, p.cases, p.plans, p.expected, g, reason)

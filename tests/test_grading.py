@@ -82,6 +82,17 @@ def batch(tmp_path_factory):
             ),
             d / "sysexit.ipynb",
         ),
+        "os_exit_in_function": write(
+            student_notebook(
+                CHAPTER,
+                lambda s: s.replace(  # dies on a size only the hidden test uses
+                    "    return torch.ones(n, n, dtype=torch.bool, device=device).tril()",
+                    "    if n == 8:\n        import os\n\n        os._exit(3)\n"
+                    "    return torch.ones(n, n, dtype=torch.bool, device=device).tril()",
+                ),
+            ),
+            d / "exit_in_function.ipynb",
+        ),
         "os_exit": write(
             _with_extra_cell(
                 student_notebook(CHAPTER),
@@ -180,6 +191,20 @@ def test_kernel_death_gives_zero_and_says_why(batch):
     result = batch["os_exit"]
     assert result["score"] == 0.0
     assert "kernel died" in result["message"]
+
+
+def test_kernel_death_inside_a_test_keeps_earlier_tests(batch):
+    result = batch["os_exit_in_function"]
+    scores = _scores(result)
+    assert (
+        scores["sdpa_basic"]
+        == scores["sdpa_masked"]
+        == scores["sdpa_edge_cases"]
+        == 2.0
+    )
+    assert scores["causal_mask_values"] == 0.0
+    later = next(t for t in result["tests"] if t["id"] == "self_attention_module")
+    assert "kernel died while the hidden tests called your code" in later["message"]
 
 
 @pytest.mark.parametrize("name", ["truncated", "not_a_notebook", "missing_file"])
