@@ -15,6 +15,9 @@ Instructors run nbgrader's commands from here, as its documentation describes::
 import os
 from pathlib import Path
 
+from nbconvert.preprocessors import CSSHTMLHeaderPreprocessor
+from nbgrader.preprocessors import ClearHiddenTests, GetGrades
+
 c = get_config()  # noqa: F821 (provided by nbgrader when it loads this file)
 
 course_root = Path(__file__).resolve().parent
@@ -26,6 +29,12 @@ c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE\nraise NotImplementedE
 c.ClearSolutions.enforce_metadata = True
 c.Execute.timeout = 120  # seconds per cell
 c.Execute.allow_errors = True
+# Feedback shows each test's message, not the hidden test code.
+c.GenerateFeedback.preprocessors = [
+    GetGrades,
+    ClearHiddenTests,
+    CSSHTMLHeaderPreprocessor,
+]
 
 # The hidden-test cells import ``autograder`` and ``solutions`` from this repository; kernels
 # started by nbgrader inherit this environment variable.

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -226,6 +227,17 @@ def test_unknown_assignment_is_a_usage_error(tmp_path):
     assert run.returncode == 2 and "unknown assignment" in run.stderr
 
 
+def test_nbgrader_config_loads(tmp_path):
+    """nbgrader ignores a config file that raises, so load it the way nbgrader does."""
+    from traitlets.config.loader import PyFileConfigLoader
+
+    config = PyFileConfigLoader(
+        "nbgrader_config.py", path=str(paths.COURSE_ROOT)
+    ).load_config()
+    assert config.CourseDirectory.root == str(paths.COURSE_ROOT)
+    assert len(config.GenerateFeedback.preprocessors) == 3
+
+
 def test_plain_nbgrader_workflow(tmp_path):
     """An instructor's nbgrader path in a copy of the course root: autograde, feedback, export."""
     root = tmp_path / "course"
@@ -263,4 +275,13 @@ def test_plain_nbgrader_workflow(tmp_path):
     rows = {r.split(",")[header.index("student_id")]: r.split(",") for r in grades[1:]}
     assert float(rows["alice"][header.index("raw_score")]) == 10.0
     assert float(rows["bob"][header.index("raw_score")]) == 0.0
-    assert (root / "feedback" / "alice" / CHAPTER / f"{CHAPTER}.html").exists()
+    feedback = (root / "feedback" / "bob" / CHAPTER / f"{CHAPTER}.html").read_text()
+    assert (
+        "not implemented yet" in feedback
+    )  # the failing tests' messages reach the student
+    # The hidden code is cleared from the cells; only tracebacks (numbered lines) mention it.
+    text = re.sub(r"<[^>]+>", "", feedback).replace("&gt;", ">")
+    mentions = [line for line in text.splitlines() if "run_hidden_test" in line]
+    assert mentions and all(
+        re.match(r"^\s*(-+>)?\s*\d+ |File .*in run_hidden_test", m) for m in mentions
+    )
