@@ -30,7 +30,7 @@ class Verdict:
 
     @property
     def score(self) -> float:
-        return self.points if self.passed else 0.0
+        return float(self.points) if self.passed else 0.0
 
     def as_json(self) -> dict:
         return {

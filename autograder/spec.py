@@ -30,9 +30,8 @@ class Init:
 
     args: tuple = ()
     kwargs: dict = field(default_factory=dict)
-    load_state: bool = (
-        True  # False: keep the module's own parameters (e.g. fixed buffers only)
-    )
+    # False: keep the module's own parameters (a module with fixed buffers only, say)
+    load_state: bool = True
 
 
 @dataclass
