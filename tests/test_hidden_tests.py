@@ -234,3 +234,73 @@ def test_feedback_shows_no_hidden_inputs():
 def test_test_ids_are_unique_across_the_course():
     ids = [t.id for c in CHAPTERS for t in load_chapter_tests(c).tests]
     assert len(ids) == len(set(ids))
+
+
+# Correct answers written in other styles must pass: the tests judge results, not style.
+
+
+def _sdpa_einsum_stable(q, k, v, mask=None):
+    scores = torch.einsum("...id,...jd->...ij", q, k) / q.shape[-1] ** 0.5
+    if mask is not None:
+        scores = scores.masked_fill(mask.logical_not(), float("-inf"))
+    top = scores.amax(-1, keepdim=True).nan_to_num(0.0, neginf=0.0)
+    exp = torch.exp(scores - top)
+    total = exp.sum(-1, keepdim=True)
+    weights = torch.where(
+        total > 0, exp / total.clamp_min(1e-30), torch.zeros_like(exp)
+    )
+    return torch.einsum("...ij,...jd->...id", weights, v), weights
+
+
+def _sdpa_inf_then_nan_to_num(q, k, v, mask=None):
+    scores = torch.matmul(q, k.transpose(-1, -2)) * (1.0 / math.sqrt(k.size(-1)))
+    if mask is not None:
+        scores = torch.where(mask, scores, torch.tensor(float("-inf")))
+    weights = torch.nan_to_num(torch.softmax(scores, dim=-1), nan=0.0)
+    return torch.matmul(weights, v), weights
+
+
+def _causal_by_comparison(n, device=None):
+    i = torch.arange(n, device=device)
+    return i[:, None] >= i[None, :]
+
+
+def _padding_by_expand(lengths, n):
+    positions = torch.arange(n).expand(len(lengths), n)
+    return (positions < lengths.unsqueeze(1)).unsqueeze(-2)
+
+
+class _SelfAttentionInline(torch.nn.Module):
+    def __init__(self, d_model, d_k, d_v):
+        super().__init__()
+        self.W_q = torch.nn.Linear(d_model, d_k, bias=False)
+        self.W_k = torch.nn.Linear(d_model, d_k, bias=False)
+        self.W_v = torch.nn.Linear(d_model, d_v, bias=False)
+        self.d_k = d_k
+
+    def forward(self, x, mask=None):
+        q, k, v = (x @ w.weight.T for w in (self.W_q, self.W_k, self.W_v))
+        return _sdpa_einsum_stable(q, k, v, mask)
+
+
+INDEPENDENT_CORRECT_ANSWERS = {
+    "scaled_dot_product_attention": [_sdpa_einsum_stable, _sdpa_inf_then_nan_to_num],
+    "causal_mask": [_causal_by_comparison],
+    "padding_mask": [_padding_by_expand],
+    "SelfAttention": [_SelfAttentionInline],
+}
+
+
+@pytest.mark.parametrize(
+    "exercise, right",
+    [(e, r) for e, answers in INDEPENDENT_CORRECT_ANSWERS.items() for r in answers],
+    ids=lambda x: getattr(x, "__name__", x),
+)
+@pytest.mark.parametrize("seed", SEEDS)
+def test_independent_correct_answers_pass(exercise, right, seed):
+    tests = load_chapter_tests("03_self_attention")
+    selected = [t for t in tests.tests if t.exercise == exercise]
+    for test_id, v in verdicts(
+        tests, {**vars(sa), exercise: right}, seed, selected
+    ).items():
+        assert v.passed, f"{right.__name__} fails {test_id}: {v.message}"
