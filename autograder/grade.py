@@ -231,48 +231,49 @@ def grade_notebook(
     limits: Limits | None = None,
 ) -> dict:
     """Grade one notebook; never raises for anything the submission does."""
-    limits = limits or Limits()
     seed = secrets.randbits(32) if seed is None else seed
     result = {
         "notebook": str(path),
-        "assignment": assignment,
+        "assignment": None,
         "score": 0.0,
         "max_score": 0.0,
         "tests": [],
         "seed": seed,
         "message": "",
     }
-    if assignment is not None:
-        tests = load_chapter_tests(assignment)
-        result["max_score"] = tests.max_score
-        result["tests"] = [
-            Verdict(t.id, t.points, False, "not graded").as_json() for t in tests.tests
-        ]
+    tests = _set_assignment(result, assignment) if assignment else None
     try:
         nb = nbformat.read(path, as_version=4)
-        if not isinstance(nb.get("cells"), list):
-            raise ValueError("it has no list of cells")
+        detected = detect_chapter(nb)  # also fails on cells that are not cells
     except Exception as exc:  # noqa: BLE001 (any unreadable file gets a grade and a message)
-        result["message"] = (
-            f"could not read the notebook ({type(exc).__name__}: {str(exc)[:200]}); nothing was graded"
+        why = f"{type(exc).__name__}: {str(exc)[:200]}"
+        return _ungraded(
+            result,
+            f"could not read the notebook ({why})",
+            "the notebook could not be read",
         )
-        for t in result["tests"]:
-            t["message"] = "not graded: the notebook could not be read"
-        return result
-    detected = detect_chapter(nb)
-    if assignment is None:
+    if tests is None:
         if detected is None:
-            result["message"] = (
-                "could not recognise the chapter of this notebook; pass --assignment"
+            return _ungraded(
+                result,
+                "could not recognise the chapter of this notebook; pass --assignment",
+                "",
             )
-            return result
-        assignment = result["assignment"] = detected
-        tests = load_chapter_tests(assignment)
-        result["max_score"] = tests.max_score
+        tests = _set_assignment(result, detected)
     notes = []
-    if detected is not None and detected != assignment:
-        notes.append(f"this notebook looks like chapter {detected}, not {assignment}")
-    verdicts, run = _grade(nb, tests, seed, limits)
+    if detected is not None and detected != tests.chapter:
+        notes.append(
+            f"this notebook looks like chapter {detected}, not {tests.chapter}"
+        )
+    try:
+        verdicts, run = _grade(nb, tests, seed, limits or Limits())
+    except Exception as exc:  # noqa: BLE001 (a grader bug must not stop the batch)
+        why = f"{type(exc).__name__}: {str(exc)[:200]}"
+        return _ungraded(
+            result,
+            f"the grader failed on this notebook ({why}); please report this to the course staff",
+            "the grader failed on this notebook",
+        )
     result["tests"] = [v.as_json() for v in verdicts]
     result["score"] = float(sum(v.score for v in verdicts))
     if run.died_in_cell is not None or run.died_in_test:
@@ -282,6 +283,24 @@ def grade_notebook(
             f"{len(run.errors)} cell(s) raised errors while running, first: {run.errors[0]}"
         )
     result["message"] = "; ".join(notes)
+    return result
+
+
+def _set_assignment(result: dict, chapter: str) -> ChapterTests:
+    """The assignment fixes the tests and ``max_score``, whatever the submission holds."""
+    tests = load_chapter_tests(chapter)
+    result["assignment"] = chapter
+    result["max_score"] = tests.max_score
+    result["tests"] = [
+        Verdict(t.id, t.points, False, "not graded").as_json() for t in tests.tests
+    ]
+    return tests
+
+
+def _ungraded(result: dict, message: str, why: str) -> dict:
+    result["message"] = f"{message}; nothing was graded"
+    for t in result["tests"]:
+        t["message"] = f"not graded: {why}"
     return result
 
 

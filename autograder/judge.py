@@ -45,7 +45,10 @@ class Verdict:
 def describe_difference(expected, got, tol: Tolerance, name: str) -> str | None:
     """None when ``got`` matches ``expected``; otherwise one sentence on how it differs."""
     if isinstance(expected, torch.Tensor):
-        return course_utils.difference(name, got, expected, tol.rtol, tol.atol)
+        try:
+            return course_utils.difference(name, got, expected, tol.rtol, tol.atol)
+        except Exception as exc:  # noqa: BLE001 (sparse, meta, subclassed tensors...)
+            return f"{name}: could not be compared ({type(exc).__name__}); return a plain dense tensor"
     if isinstance(expected, list):
         if not isinstance(got, list):
             return (
@@ -86,12 +89,6 @@ def _kind(value) -> str:
 def _outcome_problem(
     test: HiddenTest, expected: dict, got: dict, tol: Tolerance
 ) -> str | None:
-    if (
-        "error" in expected
-    ):  # the reference itself failed: a bug in the course, not the student
-        raise RuntimeError(
-            f"reference failed on hidden test {test.id}: {expected['error']}"
-        )
     if "error" in got:
         return f"raised {got['error']}"
     exp, val = expected["value"], got["value"]

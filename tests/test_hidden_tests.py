@@ -304,3 +304,29 @@ def test_independent_correct_answers_pass(exercise, right, seed):
         tests, {**vars(sa), exercise: right}, seed, selected
     ).items():
         assert v.passed, f"{right.__name__} fails {test_id}: {v.message}"
+
+
+def _sdpa_sparse(q, k, v, mask=None):
+    out, weights = sa.scaled_dot_product_attention(q, k, v, mask)
+    return out.to_sparse(), weights
+
+
+def _sdpa_complex(q, k, v, mask=None):
+    out, weights = sa.scaled_dot_product_attention(q, k, v, mask)
+    return out.to(torch.complex64), weights
+
+
+def _sdpa_deep(q, k, v, mask=None):
+    nested = [q]
+    for _ in range(10):
+        nested = [nested]
+    return nested, {"weights": None}
+
+
+@pytest.mark.parametrize("strange", [_sdpa_sparse, _sdpa_complex, _sdpa_deep])
+def test_strange_outputs_fail_with_a_message(strange):
+    tests = load_chapter_tests("03_self_attention")
+    selected = [t for t in tests.tests if t.exercise == "scaled_dot_product_attention"]
+    namespace = {**vars(sa), "scaled_dot_product_attention": strange}
+    for v in verdicts(tests, namespace, 0, selected).values():
+        assert not v.passed and v.message
