@@ -43,12 +43,12 @@ def _book(args) -> int:
 
 
 def _grade(args) -> int:
-    from autograder.build import buildable_chapters
     from autograder.grade import Limits, grade_many
+    from autograder.spec import graded_chapters
 
-    if args.assignment is not None and args.assignment not in buildable_chapters():
+    if args.assignment is not None and args.assignment not in graded_chapters():
         print(
-            f"unknown assignment {args.assignment!r}; known: {', '.join(buildable_chapters())}",
+            f"unknown assignment {args.assignment!r}; known: {', '.join(graded_chapters())}",
             file=sys.stderr,
         )
         return 2

@@ -30,7 +30,7 @@ from autograder.solution_cells import exercise_names, fill_solutions
 from autograder.spec import (
     ChapterTests,
     HiddenTest,
-    has_hidden_tests,
+    graded_chapters,
     load_chapter_tests,
 )
 from autograder.student_markdown import to_jupyter_markdown
@@ -172,10 +172,6 @@ def source_notebook(chapter: str, tests: ChapterTests):
     return nb
 
 
-def buildable_chapters() -> list[str]:
-    return [c for c in paths.chapter_ids() if has_hidden_tests(c)]
-
-
 def _write(nb, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     nbformat.write(nb, path)
@@ -208,7 +204,7 @@ def build(
 ) -> list[Path]:
     """Write source and release notebooks under the course root ``root``; returns them."""
     written = []
-    for chapter in chapters or buildable_chapters():
+    for chapter in chapters or graded_chapters():
         tests = load_chapter_tests(chapter)
         _write(source_notebook(chapter, tests), paths.nbgrader_source(chapter, root))
         generate_release(chapter, root)

@@ -27,10 +27,9 @@ from nbclient import NotebookClient
 from nbclient.exceptions import DeadKernelError
 
 from autograder import probe
-from autograder.build import buildable_chapters
 from autograder.judge import Verdict, judge
 from autograder.prepare import PreparedTest, prepare
-from autograder.spec import ChapterTests, load_chapter_tests
+from autograder.spec import ChapterTests, graded_chapters, load_chapter_tests
 
 
 @dataclass
@@ -80,7 +79,7 @@ def detect_chapter(nb) -> str | None:
     }
     names = _defined_names(nb)
     best, best_score = None, 0
-    for chapter in buildable_chapters():
+    for chapter in graded_chapters():
         tests = load_chapter_tests(chapter)
         score = 10 * len(grade_ids & {t.id for t in tests.tests}) + len(
             names & set(tests.exercises)

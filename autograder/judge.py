@@ -103,12 +103,10 @@ def _outcome_problem(
     return describe_difference(exp, val, tol, "the output")
 
 
-def _matches(
-    expected: list[dict], got: list[dict], test: HiddenTest, tol: Tolerance
-) -> bool:
-    return all(
-        "error" not in e and _outcome_problem(test, e, g, tol) is None
-        for e, g in zip(expected, got, strict=True)
+def _matches(expected: dict, got: dict, test: HiddenTest, tol: Tolerance) -> bool:
+    """One outcome equals another: both values, and within the test's tolerance."""
+    return (
+        "error" not in expected and _outcome_problem(test, expected, got, tol) is None
     )
 
 
@@ -148,8 +146,8 @@ def _recognise_mistake(tests, test, plans, expected, got, tol) -> str | None:
         telling = [
             i
             for i, w in enumerate(wrong)
-            if "error" not in w and not _matches([expected[i]], [w], test, tol)
+            if "error" not in w and not _matches(expected[i], w, test, tol)
         ]
-        if telling and all(_matches([wrong[i]], [got[i]], test, tol) for i in telling):
+        if telling and all(_matches(wrong[i], got[i], test, tol) for i in telling):
             return f"Likely mistake: {mistake.hint}"
     return None

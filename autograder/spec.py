@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
-from autograder.paths import module_name
+from autograder.paths import chapter_ids, module_name
 from autograder.tolerances import LEVELS
 
 
@@ -123,11 +123,13 @@ class ChapterTests:
         return importlib.import_module(f"solutions.{module_name(self.chapter)}")
 
 
-def has_hidden_tests(chapter: str) -> bool:
-    return (
-        importlib.util.find_spec(f"autograder.hidden_tests.{module_name(chapter)}")
-        is not None
-    )
+def graded_chapters() -> list[str]:
+    """The chapters that have hidden tests, i.e. the nbgrader assignments, in order."""
+    return [
+        c
+        for c in chapter_ids()
+        if importlib.util.find_spec(f"autograder.hidden_tests.{module_name(c)}")
+    ]
 
 
 def load_chapter_tests(chapter: str) -> ChapterTests:

@@ -7,10 +7,10 @@ import nbformat
 import pytest
 
 from autograder import paths
-from autograder.build import buildable_chapters
 from autograder.solution_cells import BEGIN, END
+from autograder.spec import graded_chapters
 
-CHAPTERS = buildable_chapters()
+CHAPTERS = graded_chapters()
 
 
 def _is_solution(cell) -> bool:

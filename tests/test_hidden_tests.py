@@ -276,7 +276,6 @@ class _SelfAttentionInline(torch.nn.Module):
         self.W_q = torch.nn.Linear(d_model, d_k, bias=False)
         self.W_k = torch.nn.Linear(d_model, d_k, bias=False)
         self.W_v = torch.nn.Linear(d_model, d_v, bias=False)
-        self.d_k = d_k
 
     def forward(self, x, mask=None):
         q, k, v = (x @ w.weight.T for w in (self.W_q, self.W_k, self.W_v))
