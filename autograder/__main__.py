@@ -16,7 +16,7 @@ def _build(args) -> int:
                 f"stale: {path} (run `python -m autograder build` and commit the result)"
             )
         return 1 if stale else 0
-    for path in build():
+    for path in build(chapters=args.chapter or None):
         print(f"wrote {path}")
     return 0
 
@@ -84,6 +84,11 @@ def main(argv=None) -> int:
         "--check",
         action="store_true",
         help="only report committed notebooks that are stale",
+    )
+    build.add_argument(
+        "--chapter",
+        action="append",
+        help="build only this chapter (repeatable; default: every graded chapter)",
     )
     build.set_defaults(run=_build)
     book = commands.add_parser(

@@ -12,6 +12,18 @@ import copy
 import torch
 
 _MAX_MESSAGE = 400
+# PyTorch layers a plan may ask for as an argument (``{"torch.nn": name, ...}``), built
+# here from plain data: e.g. the nn.MultiheadAttention a ``load_torch_weights`` copies.
+_TORCH_LAYERS = (
+    "MultiheadAttention",
+    "TransformerEncoderLayer",
+    "TransformerDecoderLayer",
+    "Linear",
+    "LayerNorm",
+    "Embedding",
+    "GRU",
+    "GRUCell",
+)
 
 
 class _Missing(Exception):
@@ -42,6 +54,23 @@ def _describe(exc):
     return text if len(text) <= _MAX_MESSAGE else text[: _MAX_MESSAGE - 3] + "..."
 
 
+def _materialise(value):
+    """Plain data to call arguments: ``{"torch.nn": ...}`` entries become PyTorch layers."""
+    if isinstance(value, dict) and "torch.nn" in value:
+        name = value["torch.nn"]
+        if name not in _TORCH_LAYERS:
+            raise ValueError(f"a plan may not build torch.nn.{name}")
+        layer = getattr(torch.nn, name)(*value["args"], **value["kwargs"])
+        if value["state"] is not None:
+            layer.load_state_dict(value["state"])
+        return layer.eval()
+    if isinstance(value, list):
+        return [_materialise(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _materialise(v) for k, v in value.items()}
+    return value
+
+
 def call(namespace, exercise, plan):
     """Make one planned call of ``namespace[exercise]``; returns the raw result."""
     target = namespace.get(exercise)
@@ -49,8 +78,9 @@ def call(namespace, exercise, plan):
         raise _Missing(
             f"the notebook does not define `{exercise}` (was it renamed or its cell not run?)"
         )
-    args = copy.deepcopy(plan["args"])  # a student may modify inputs in place
-    kwargs = copy.deepcopy(plan["kwargs"])
+    # a copy per call: a student may modify inputs in place
+    args = _materialise(copy.deepcopy(plan["args"]))
+    kwargs = _materialise(copy.deepcopy(plan["kwargs"]))
     with torch.no_grad():
         if plan["init"] is None:
             return target(*args, **kwargs)
@@ -58,6 +88,8 @@ def call(namespace, exercise, plan):
         module = target(*init_args, **init_kwargs)
         if plan["state"] is not None:
             _load_state(module, plan["state"], exercise)
+        for name, setup_args in plan.get("setup") or []:
+            getattr(module, name)(*_materialise(copy.deepcopy(setup_args)))
         module.eval()
         method = module if plan["method"] is None else getattr(module, plan["method"])
         return method(*args, **kwargs)

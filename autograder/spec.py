@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
+from autograder.delegation import FEATURES
 from autograder.paths import chapter_ids, module_name
 from autograder.tolerances import LEVELS
 
@@ -43,6 +44,9 @@ class Case:
     label: str = ""
     init: Init | None = None  # set for module exercises (a class, then called)
     method: str | None = None  # call this method instead of forward
+    # methods called on the module before the call, e.g.
+    # [("load_torch_weights", (torch_layer("MultiheadAttention", ...),))]
+    setup: list[tuple[str, tuple]] = field(default_factory=list)
 
     def to_plan(self, state: dict | None) -> dict:
         """The plain data a probe needs to make this call (tensors, numbers, strings)."""
@@ -57,6 +61,7 @@ class Case:
             "init": init,
             "state": state,
             "method": self.method,
+            "setup": [[name, list(args)] for name, args in self.setup],
         }
 
 
@@ -65,10 +70,32 @@ def case(
     label: str = "",
     init: Init | None = None,
     method: str | None = None,
+    setup: list[tuple[str, tuple]] | None = None,
     **kwargs: Any,
 ) -> Case:
     """Shorthand: ``case(q, k, v, mask=m, label="causal mask")``."""
-    return Case(args=args, kwargs=kwargs, label=label, init=init, method=method)
+    return Case(
+        args=args,
+        kwargs=kwargs,
+        label=label,
+        init=init,
+        method=method,
+        setup=list(setup or []),
+    )
+
+
+def torch_layer(
+    name: str, *args: Any, state: dict | None = None, **kwargs: Any
+) -> dict:
+    """A PyTorch layer as plain data, built inside the sandbox for a call argument:
+    ``torch_layer("MultiheadAttention", 8, 2, batch_first=True, state=mha.state_dict())``.
+    ``name`` must be one of ``autograder.probe._TORCH_LAYERS``."""
+    return {
+        "torch.nn": name,
+        "args": list(args),
+        "kwargs": dict(kwargs),
+        "state": state,
+    }
 
 
 @dataclass
@@ -80,10 +107,16 @@ class HiddenTest:
     make_cases: Callable[[Any], list[Case]]  # torch.Generator -> cases
     level: str = "op"  # a key of autograder.tolerances.LEVELS
     outputs: tuple[str, ...] = ()  # names of the returned values, for messages
+    # PyTorch features the exercise must not delegate to: keys of
+    # autograder.delegation.FEATURES (e.g. "sdpa", "mha")
+    forbidden: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.level not in LEVELS:
             raise ValueError(f"{self.id}: unknown tolerance level {self.level!r}")
+        unknown = set(self.forbidden) - set(FEATURES)
+        if unknown:
+            raise ValueError(f"{self.id}: unknown forbidden features {sorted(unknown)}")
 
 
 @dataclass
