@@ -43,7 +43,9 @@ def _book(args) -> int:
 
 
 def _grade(args) -> int:
-    from autograder.grade import Limits, grade_many
+    from autograder.grade import grade_many
+    from autograder.limits import Limits
+    from autograder.sandbox import SandboxUnavailable
     from autograder.spec import graded_chapters
 
     if args.assignment is not None and args.assignment not in graded_chapters():
@@ -53,25 +55,47 @@ def _grade(args) -> int:
         )
         return 2
     limits = Limits(
-        cell=args.cell_timeout, notebook=args.timeout, test=args.test_timeout
+        cell=args.cell_timeout,
+        notebook=args.timeout,
+        test=args.test_timeout,
+        memory_mb=args.memory_mb,
+        output_mb=args.output_mb,
+        threads=args.threads,
+        hide=[str(p) for p in args.hide],
     )
-    for result in grade_many(
-        args.notebooks, args.assignment, args.jobs, args.seed, limits
-    ):
-        if args.json:
-            print(json.dumps(result), flush=True)
-            continue
+    try:
+        for result in grade_many(
+            args.notebooks,
+            args.assignment,
+            args.jobs,
+            args.seed,
+            limits,
+            sandboxed=not args.no_sandbox,
+        ):
+            _report(result, args.json)
+    except SandboxUnavailable as exc:
         print(
-            f"{result['notebook']}: {result['score']:g} / {result['max_score']:g} ({result['assignment']})"
+            f"{exc}\n(--no-sandbox runs student code unjailed: trusted code only)",
+            file=sys.stderr,
         )
-        if result["message"]:
-            print(f"  note: {result['message']}")
-        for test in result["tests"]:
-            mark = "PASS" if test["passed"] else "FAIL"
-            print(
-                f"  {mark} {test['id']} {test['score']:g}/{test['max_score']:g}: {test['message']}"
-            )
+        return 3
     return 0
+
+
+def _report(result: dict, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(result), flush=True)
+        return
+    print(
+        f"{result['notebook']}: {result['score']:g} / {result['max_score']:g} ({result['assignment']})"
+    )
+    if result["message"]:
+        print(f"  note: {result['message']}")
+    for test in result["tests"]:
+        mark = "PASS" if test["passed"] else "FAIL"
+        print(
+            f"  {mark} {test['id']} {test['score']:g}/{test['max_score']:g}: {test['message']}"
+        )
 
 
 def main(argv=None) -> int:
@@ -121,6 +145,36 @@ def main(argv=None) -> int:
     )
     grade.add_argument(
         "--test-timeout", type=float, default=30.0, help="seconds per hidden test"
+    )
+    grade.add_argument(
+        "--memory-mb",
+        type=int,
+        default=8192,
+        help="address space per kernel in MB (default 8192)",
+    )
+    grade.add_argument(
+        "--output-mb",
+        type=float,
+        default=10.0,
+        help="output a cell may print before it is interrupted (default 10)",
+    )
+    grade.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="PyTorch threads per kernel (default 1; keep jobs x threads <= cores)",
+    )
+    grade.add_argument(
+        "--hide",
+        type=Path,
+        action="append",
+        default=[],
+        help="a path to keep out of the sandbox even if it lies under a system folder",
+    )
+    grade.add_argument(
+        "--no-sandbox",
+        action="store_true",
+        help="run student code without the jail (only for code you trust)",
     )
     grade.set_defaults(run=_grade)
     args = parser.parse_args(argv)

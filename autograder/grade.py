@@ -13,7 +13,7 @@ from __future__ import annotations
 import ast
 import os
 import secrets
-import tempfile
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -26,26 +26,31 @@ import torch
 from nbclient import NotebookClient
 from nbclient.exceptions import DeadKernelError
 
-from autograder import probe
+from autograder import delegation, probe
 from autograder.judge import Verdict, judge
+from autograder.limits import Limits
+from autograder.paths import release_notebook
 from autograder.prepare import PreparedTest, prepare
+from autograder.sandbox import Sandbox, Unsandboxed, kill_kernel
 from autograder.spec import ChapterTests, graded_chapters, load_chapter_tests
 
 
-@dataclass
-class Limits:
-    """Time limits in seconds (documented in the README's instructor section)."""
-
-    cell: float = 60.0  # one cell of the student's notebook
-    notebook: float = 300.0  # all of the student's cells together
-    test: float = 30.0  # one hidden test's calls
-    startup: float = 60.0  # starting the kernel
-
-
 class _QuietClient(NotebookClient):
-    """Keeps only error names and messages, so a cell that prints gigabytes costs nothing."""
+    """Keeps only error names and messages, so a cell that prints gigabytes costs nothing;
+    a cell that prints more than ``output_limit`` bytes is interrupted."""
+
+    output_limit: int = 10 * 2**20
+    printed: int = 0
+    flooded_cell: int | None = None
 
     def output(self, outs, msg, display_id, cell_index):
+        content = msg["content"]
+        self.printed += len(str(content.get("text", ""))) + sum(
+            len(str(v)) for v in content.get("data", {}).values()
+        )
+        if self.printed > self.output_limit and self.flooded_cell is None:
+            self.flooded_cell = cell_index
+            self._interrupt()
         if msg["msg_type"] == "error":
             content = msg["content"]
             outs[:] = [
@@ -55,6 +60,17 @@ class _QuietClient(NotebookClient):
                 }
             ]
         return None
+
+    def _interrupt(self) -> None:
+        """SIGINT the kernel's process group (the sandbox's launcher relays it)."""
+        process = getattr(getattr(self.km, "provisioner", None), "process", None)
+        if process is not None:
+            try:
+                group = os.getpgid(process.pid)
+                if group != os.getpgid(0):  # never the grader's own group
+                    os.killpg(group, signal.SIGINT)
+            except OSError:
+                pass
 
 
 def _defined_names(nb) -> set[str]:
@@ -80,7 +96,10 @@ def detect_chapter(nb) -> str | None:
     names = _defined_names(nb)
     best, best_score = None, 0
     for chapter in graded_chapters():
-        tests = load_chapter_tests(chapter)
+        try:
+            tests = load_chapter_tests(chapter)
+        except Exception:  # noqa: BLE001 (one broken chapter must not stop recognising others)
+            continue
         score = 10 * len(grade_ids & {t.id for t in tests.tests}) + len(
             names & set(tests.exercises)
         )
@@ -89,9 +108,16 @@ def detect_chapter(nb) -> str | None:
     return best
 
 
+def _is_test_cell(cell) -> bool:
+    """An nbgrader test cell: ours to judge, never run (its code comes from the course)."""
+    meta = cell.get("metadata", {}).get("nbgrader", {})
+    return bool(meta.get("grade")) and not meta.get("solution")
+
+
 def _probe_setup_cell() -> str:
     source = Path(probe.__file__).read_text()
     return (
+        "import torch.overrides, torch.utils._python_dispatch\n"
         "import types as _grader_types\n"
         "_grader_probe = _grader_types.ModuleType('_grader_probe')\n"
         f"exec(compile({source!r}, '<grader probe>', 'exec'), _grader_probe.__dict__)\n"
@@ -112,15 +138,23 @@ class _Run:
 
 
 def _run_notebook(
-    nb, prepared: list[PreparedTest], workdir: Path, limits: Limits
+    nb,
+    prepared: list[PreparedTest],
+    km,
+    workdir: Path,
+    limits: Limits,
+    skip: frozenset[str] = frozenset(),
 ) -> tuple[list[list[dict] | None], _Run]:
     """Execute the student's code cells, then one probe cell per hidden test; returns each
     test's raw outcomes (None where the probe wrote nothing) and what went wrong."""
-    student = [
-        nbformat.v4.new_code_cell(c.source)
-        for c in nb.cells
-        if c.get("cell_type") == "code"
+    code = [c for c in nb.cells if c.get("cell_type") == "code"]
+    # which cells run, with their numbers among the notebook's code cells (for messages)
+    numbers = [
+        n + 1
+        for n, c in enumerate(code)
+        if not _is_test_cell(c) and c.source not in skip
     ]
+    student = [nbformat.v4.new_code_cell(code[n - 1].source) for n in numbers]
     probes, result_paths = [nbformat.v4.new_code_cell(_probe_setup_cell())], []
     for i, p in enumerate(prepared):
         plan, result = workdir / f"plan_{i}.pt", workdir / f"result_{i}.pt"
@@ -144,6 +178,7 @@ def _run_notebook(
 
     client = _QuietClient(
         nbformat.v4.new_notebook(cells=student + probes),
+        km=km,
         timeout_func=timeout_for,
         on_cell_start=on_cell_start,
         startup_timeout=int(limits.startup),
@@ -154,18 +189,17 @@ def _run_notebook(
         extra_arguments=["--log-level=ERROR"],
         resources={"metadata": {"path": str(workdir)}},
     )
+    client.output_limit = int(limits.output_mb * 2**20)
     run = _Run(errors=[])
     # A cell that ignores interrupts cannot outlast this: the kernel is shut down.
     hard_stop = limits.notebook + limits.test * len(prepared) + limits.startup + 30
-    watchdog = threading.Timer(
-        hard_stop, lambda: client.km and client.km.shutdown_kernel(now=True)
-    )
+    watchdog = threading.Timer(hard_stop, lambda: kill_kernel(km))
     watchdog.start()
     try:
         client.execute(env=_kernel_environment())
     except DeadKernelError:
         if current["index"] < len(student):
-            run.died_in_cell = current["index"]
+            run.died_in_cell = numbers[current["index"]]
         else:
             run.died_in_test = True
     except Exception as exc:  # noqa: BLE001 (nbclient's own failures become messages)
@@ -174,6 +208,15 @@ def _run_notebook(
         )
     finally:
         watchdog.cancel()
+    if client.flooded_cell is not None:
+        where = (
+            f"code cell {numbers[client.flooded_cell]}"
+            if client.flooded_cell < len(student)
+            else "a hidden test"
+        )
+        run.errors.append(
+            f"{where} printed more than {limits.output_mb:g} MB and was interrupted"
+        )
     for i, cell in enumerate(client.nb.cells[: len(student)]):
         for out in cell.get("outputs", []):
             if out.get("ename") in (
@@ -181,19 +224,21 @@ def _run_notebook(
                 "KeyboardInterrupt",
             ):  # only our limits interrupt
                 run.errors.append(
-                    f"code cell {i + 1} ran past its time limit and was interrupted"
+                    f"code cell {numbers[i]} ran past its time limit and was interrupted"
                 )
             else:
                 run.errors.append(
-                    f"code cell {i + 1}: {out.get('ename')}: {out.get('evalue')}"
+                    f"code cell {numbers[i]}: {out.get('ename')}: {out.get('evalue')}"
                 )
-    return [_read_result(path) for path in result_paths], run
+    return [_read_result(path, limits) for path in result_paths], run
 
 
-def _read_result(path: Path) -> list[dict] | None:
+def _read_result(path: Path, limits: Limits) -> list[dict] | None:
     """A probe's saved outcomes; None when it wrote none or the file is not a clean result."""
     try:
-        return torch.load(path, weights_only=True)[0] if path.exists() else None
+        if not path.is_file() or path.stat().st_size > limits.result_mb * 2**20:
+            return None
+        return torch.load(path, weights_only=True)[0]
     except Exception:  # noqa: BLE001 (whatever student code did to the file, it is no result)
         return None
 
@@ -212,7 +257,7 @@ def _kernel_environment() -> dict[str, str]:
 def _missing_reason(run: _Run) -> str:
     if run.died_in_cell is not None:
         return (
-            f"no result: the kernel died while running code cell {run.died_in_cell + 1} of "
+            f"no result: the kernel died while running code cell {run.died_in_cell} of "
             "your notebook (os._exit, a crash, or running out of memory), so nothing after it ran"
         )
     if run.died_in_test:
@@ -228,8 +273,14 @@ def grade_notebook(
     assignment: str | None = None,
     seed: int | None = None,
     limits: Limits | None = None,
+    sandbox: Sandbox | Unsandboxed | None = None,
 ) -> dict:
-    """Grade one notebook; never raises for anything the submission does."""
+    """Grade one notebook; never raises for anything the submission does. Without a
+    ``sandbox``, starts one for this notebook alone (``grade_many`` shares one)."""
+    if sandbox is None:
+        with Sandbox(limits or Limits(), hide=[Path(path).resolve().parent]) as own:
+            return grade_notebook(path, assignment, seed, limits, own)
+    limits = limits or sandbox.limits
     seed = secrets.randbits(32) if seed is None else seed
     result = {
         "notebook": str(path),
@@ -265,7 +316,7 @@ def grade_notebook(
             f"this notebook looks like chapter {detected}, not {tests.chapter}"
         )
     try:
-        verdicts, run = _grade(nb, tests, seed, limits or Limits())
+        verdicts, run = _grade(nb, tests, seed, limits, sandbox)
     except Exception as exc:  # noqa: BLE001 (a grader bug must not stop the batch)
         why = f"{type(exc).__name__}: {str(exc)[:200]}"
         return _ungraded(
@@ -279,7 +330,7 @@ def grade_notebook(
         notes.append(_missing_reason(run))
     if run.errors:
         notes.append(
-            f"{len(run.errors)} cell(s) raised errors while running, first: {run.errors[0]}"
+            f"{len(run.errors)} problem(s) while running, first: {run.errors[0]}"
         )
     result["message"] = "; ".join(notes)
     return result
@@ -303,17 +354,70 @@ def _ungraded(result: dict, message: str, why: str) -> dict:
     return result
 
 
+def _given_cells(tests: ChapterTests) -> list:
+    """The released notebook's code cells other than the exercises (the course's own)."""
+    try:
+        release = nbformat.read(release_notebook(tests.chapter), as_version=4)
+    except OSError:
+        return []
+    return [
+        c
+        for c in release.cells
+        if c.cell_type == "code"
+        and not c.get("metadata", {}).get("nbgrader", {}).get("solution", False)
+    ]
+
+
+def _demo_sources(tests: ChapterTests) -> frozenset[str]:
+    """Given cells tagged ``demo`` (training runs, benchmarks, figures): not needed to
+    grade, so skipped while unchanged. A chapter's demo cells define nothing the
+    exercises need."""
+    return frozenset(
+        c.source for c in _given_cells(tests) if "demo" in c.metadata.get("tags", [])
+    )
+
+
+def _student_sources(nb, tests: ChapterTests) -> list[str]:
+    """The student's own code: every code cell except the course's unchanged ones."""
+    given = {c.source for c in _given_cells(tests)}
+    return [
+        c.source
+        for c in nb.cells
+        if c.get("cell_type") == "code" and c.source not in given
+    ]
+
+
+def _refuse_delegation(verdicts: list[Verdict], nb, tests: ChapterTests) -> None:
+    """A test whose exercise reaches a forbidden PyTorch feature in its code earns nothing."""
+    sources = _student_sources(nb, tests)
+    for i, v in enumerate(verdicts):
+        test = tests.test(v.test_id)
+        found = delegation.static_uses(sources, test.exercise, test.forbidden)
+        if found:
+            where = "found in its code"
+            verdicts[i] = Verdict(
+                v.test_id,
+                v.points,
+                False,
+                delegation.message(test.exercise, found, where),
+            )
+
+
 def _grade(
-    nb, tests: ChapterTests, seed: int, limits: Limits
+    nb, tests: ChapterTests, seed: int, limits: Limits, sandbox
 ) -> tuple[list[Verdict], _Run]:
     prepared = prepare(tests, tests.tests, seed)
-    with tempfile.TemporaryDirectory(prefix="grade-") as tmp:
-        got, run = _run_notebook(nb, prepared, Path(tmp), limits)
+    with sandbox.kernel() as (km, workdir):
+        got, run = _run_notebook(
+            nb, prepared, km, workdir, limits, _demo_sources(tests)
+        )
     reason = _missing_reason(run)
-    return [
+    verdicts = [
         judge(tests, p.test, p.cases, p.plans, p.expected, g, reason)
         for p, g in zip(prepared, got, strict=True)
-    ], run
+    ]
+    _refuse_delegation(verdicts, nb, tests)
+    return verdicts, run
 
 
 def grade_many(
@@ -322,12 +426,18 @@ def grade_many(
     jobs: int = 1,
     seed: int | None = None,
     limits: Limits | None = None,
+    sandboxed: bool = True,
 ) -> Iterator[dict]:
-    """Grade notebooks ``jobs`` at a time; yields results in the order of ``paths``."""
+    """Grade notebooks ``jobs`` at a time, each in a fresh kernel forked from one warm
+    sandbox; yields results in the order of ``paths``."""
     seed = secrets.randbits(32) if seed is None else seed
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+    limits = limits or Limits()
+    folders = sorted({Path(p).resolve().parent for p in paths})
+    sandbox = Sandbox(limits, hide=folders) if sandboxed else Unsandboxed(limits)
+    with sandbox, ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         futures = [
-            pool.submit(grade_notebook, p, assignment, seed, limits) for p in paths
+            pool.submit(grade_notebook, p, assignment, seed, limits, sandbox)
+            for p in paths
         ]
         for future in futures:
             yield future.result()

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from autograder import probe
+from autograder import delegation, probe
 from autograder.paths import load_course_utils
 from autograder.spec import Case, ChapterTests, HiddenTest
 from autograder.tolerances import LEVELS, Tolerance
@@ -123,6 +123,16 @@ def judge(
     tol = LEVELS[test.level]
     if got is None or len(got) != len(cases):
         return Verdict(test.id, test.points, False, missing_reason)
+    used = [name for g in got for name in g.get("used", [])]
+    delegated = delegation.features_in(used, test.forbidden)
+    if delegated:
+        where = "seen while it ran on the hidden inputs"
+        return Verdict(
+            test.id,
+            test.points,
+            False,
+            delegation.message(test.exercise, delegated, where),
+        )
     for i, (c, e, g) in enumerate(zip(cases, expected, got, strict=True)):
         problem = _outcome_problem(test, e, g, tol)
         if problem:

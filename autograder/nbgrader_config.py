@@ -12,11 +12,18 @@ Instructors run nbgrader's commands from here, as its documentation describes::
 ``generate_assignment``); student submissions go to ``submitted/<student>/<assignment>/``.
 """
 
-import os
+import sys
 from pathlib import Path
 
 from nbconvert.preprocessors import CSSHTMLHeaderPreprocessor
-from nbgrader.preprocessors import ClearHiddenTests, GetGrades
+from nbgrader.preprocessors import (
+    AssignLatePenalties,
+    CheckCellMetadata,
+    ClearHiddenTests,
+    GetGrades,
+    LimitOutput,
+    SaveAutoGrades,
+)
 
 c = get_config()  # noqa: F821 (provided by nbgrader when it loads this file)
 
@@ -27,17 +34,21 @@ c.CourseDirectory.root = str(course_root)
 c.CourseDirectory.course_id = "attention-course"
 c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE\nraise NotImplementedError()"}
 c.ClearSolutions.enforce_metadata = True
-c.Execute.timeout = 120  # seconds per cell
-c.Execute.allow_errors = True
+# Student code runs in the grading sandbox, never beside the course files: our grader
+# takes the place of nbgrader's Execute step (see autograder/nbgrader_bridge.py).
+sys.path.insert(0, str(repo))
+from autograder.nbgrader_bridge import SandboxedExecute  # noqa: E402
+
+c.Autograde.autograde_preprocessors = [
+    SandboxedExecute,
+    LimitOutput,
+    SaveAutoGrades,
+    AssignLatePenalties,
+    CheckCellMetadata,
+]
 # Feedback shows each test's message, not the hidden test code.
 c.GenerateFeedback.preprocessors = [
     GetGrades,
     ClearHiddenTests,
     CSSHTMLHeaderPreprocessor,
 ]
-
-# The hidden-test cells import ``autograder`` and ``solutions`` from this repository; kernels
-# started by nbgrader inherit this environment variable.
-os.environ["PYTHONPATH"] = os.pathsep.join(
-    filter(None, [str(repo), os.environ.get("PYTHONPATH")])
-)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from autograder import probe
+from autograder.delegation import watch_plan
 from autograder.spec import Case, ChapterTests, HiddenTest
 
 
@@ -21,7 +22,11 @@ class PreparedTest:
 
     @property
     def probe_plan(self) -> dict:
-        return {"exercise": self.test.exercise, "calls": self.plans}
+        return {
+            "exercise": self.test.exercise,
+            "calls": self.plans,
+            **watch_plan(self.test.forbidden),
+        }
 
 
 def generator(seed: int, test_id: str) -> torch.Generator:

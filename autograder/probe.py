@@ -71,7 +71,7 @@ def _materialise(value):
     return value
 
 
-def call(namespace, exercise, plan):
+def call(namespace, exercise, plan, watch=None, test_plan=None):
     """Make one planned call of ``namespace[exercise]``; returns the raw result."""
     target = namespace.get(exercise)
     if target is None:
@@ -90,6 +90,8 @@ def call(namespace, exercise, plan):
             _load_state(module, plan["state"], exercise)
         for name, setup_args in plan.get("setup") or []:
             getattr(module, name)(*_materialise(copy.deepcopy(setup_args)))
+        if watch is not None:
+            watch.modules(module, test_plan.get("watch_modules") or ())
         module.eval()
         method = module if plan["method"] is None else getattr(module, plan["method"])
         return method(*args, **kwargs)
@@ -111,21 +113,76 @@ def _load_state(module, state, exercise):
         )
 
 
+class _Watch:
+    """Records the PyTorch functions and ATen operators a call uses whose names contain one
+    of ``watched`` (e.g. a fused attention kernel the exercise is meant to reimplement)."""
+
+    def __init__(self, watched):
+        self.watched = tuple(watched)
+        self.used = set()
+
+    def note(self, name):
+        if any(w in name for w in self.watched):
+            self.used.add(name)
+
+    def __enter__(self):
+        from torch.overrides import TorchFunctionMode
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        watch = self
+
+        class Functions(TorchFunctionMode):
+            def __torch_function__(self, func, types, args=(), kwargs=None):
+                watch.note(getattr(func, "__name__", "") or str(func))
+                return func(*args, **(kwargs or {}))
+
+        class Operators(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                watch.note(str(func))
+                return func(*args, **(kwargs or {}))
+
+        self._modes = [Functions(), Operators()]
+        for mode in self._modes:
+            mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        for mode in reversed(self._modes):
+            mode.__exit__(*exc)
+
+    def modules(self, module, classes):
+        """Note PyTorch layers of the watched kinds held anywhere inside ``module``."""
+        kinds = tuple(getattr(torch.nn, c) for c in classes if hasattr(torch.nn, c))
+        if kinds and isinstance(module, torch.nn.Module):
+            for sub in module.modules():
+                if isinstance(sub, kinds):
+                    self.used.add("torch.nn." + type(sub).__name__)
+
+
 def run(namespace, plans):
-    """Each plan: ``{"exercise": name, "calls": [call plans]}``; returns results in order."""
+    """Each plan: ``{"exercise": name, "calls": [call plans], "watch": [names],
+    "watch_modules": [torch.nn class names]}``; returns results in order. An outcome
+    records under ``"used"`` any watched function, operator or layer the call used."""
     results = []
     for plan in plans:
         outcomes = []
         for one in plan["calls"]:
+            watch = _Watch(plan.get("watch") or ())
             try:
-                outcomes.append(
-                    {"value": _to_plain(call(namespace, plan["exercise"], one))}
-                )
+                if watch.watched:
+                    with watch:
+                        value = call(namespace, plan["exercise"], one, watch, plan)
+                else:
+                    value = call(namespace, plan["exercise"], one)
+                outcome = {"value": _to_plain(value)}
             except (
                 Exception,
                 SystemExit,
             ) as exc:  # the student's error is data, not a crash
-                outcomes.append({"error": _describe(exc)})
+                outcome = {"error": _describe(exc)}
+            if watch.used:
+                outcome["used"] = sorted(watch.used)
+            outcomes.append(outcome)
         results.append(outcomes)
     return results
 

@@ -103,6 +103,23 @@ def batch(tmp_path_factory):
             d / "exit.ipynb",
         ),
     }
+    notebooks["memory_hog"] = write(
+        _with_extra_cell(
+            student_notebook(CHAPTER),
+            "def hog():\n    kept = []\n    while True:\n"
+            "        kept.append(torch.ones(2**25))\nhog()",
+            "exercise_causal_mask",
+        ),
+        d / "hog.ipynb",
+    )
+    notebooks["output_flood"] = write(
+        _with_extra_cell(
+            student_notebook(CHAPTER),
+            "for i in range(10**7):\n    print('x' * 1000)",
+            "exercise_causal_mask",
+        ),
+        d / "flood.ipynb",
+    )
     (d / "truncated.ipynb").write_text((d / "filled.ipynb").read_text()[:5000])
     notebooks["truncated"] = d / "truncated.ipynb"
     (d / "notes.txt").write_text("not a notebook")
@@ -112,6 +129,7 @@ def batch(tmp_path_factory):
         *notebooks.values(),
         "--assignment", CHAPTER, "--json", "--jobs", "2",
         "--cell-timeout", "6", "--test-timeout", "5", "--timeout", "120",
+        "--memory-mb", "4096", "--output-mb", "2",
     )  # fmt: skip
     assert run.returncode == 0, run.stderr
     results = [json.loads(line) for line in run.stdout.splitlines()]
@@ -209,6 +227,18 @@ def test_kernel_death_inside_a_test_keeps_earlier_tests(batch):
 
 
 @pytest.mark.parametrize("name", ["truncated", "not_a_notebook", "missing_file"])
+def test_memory_exhaustion_is_an_error_and_the_rest_is_graded(batch):
+    result = batch["memory_hog"]
+    assert result["score"] == 10.0, result
+    assert re.search(r"memory|MemoryError", result["message"]), result["message"]
+
+
+def test_a_flood_of_output_is_interrupted_and_the_rest_is_graded(batch):
+    result = batch["output_flood"]
+    assert result["score"] == 10.0, result
+    assert "printed more than 2 MB" in result["message"], result["message"]
+
+
 def test_unreadable_submissions_get_a_message(batch, name):
     result = batch[name]
     assert result["score"] == 0.0 and "could not read" in result["message"]
@@ -238,8 +268,9 @@ def test_nbgrader_config_loads(tmp_path):
     assert len(config.GenerateFeedback.preprocessors) == 3
 
 
-def test_plain_nbgrader_workflow(tmp_path):
-    """An instructor's nbgrader path in a copy of the course root: autograde, feedback, export."""
+def test_nbgrader_workflow(tmp_path):
+    """An instructor's nbgrader path in a copy of the course root: autograde (in the
+    sandbox), feedback, export; tricks that fool plain nbgrader earn nothing here."""
     root = tmp_path / "course"
     root.mkdir()
     shutil.copy(paths.COURSE_ROOT / "nbgrader_config.py", root)
@@ -257,12 +288,20 @@ def test_plain_nbgrader_workflow(tmp_path):
         assert run.returncode == 0, run.stdout + run.stderr
         return run
 
-    nbgrader("db", "student", "add", "alice")
-    nbgrader("db", "student", "add", "bob")
+    for student in ("alice", "bob", "carol", "dave"):
+        nbgrader("db", "student", "add", student)
     nbgrader("generate_assignment", CHAPTER, "--force")
+    from tests.test_attacks import PATCH_COMPARISONS, STEAL, _stub_with_cell
+
+    unscaled = student_notebook(CHAPTER, lambda s: s.replace(" / math.sqrt(d_k)", ""))
     for student, nb in [
         ("alice", student_notebook(CHAPTER)),
         ("bob", release_notebook(CHAPTER)),
+        (
+            "carol",
+            _with_extra_cell(unscaled, PATCH_COMPARISONS, "exercise_SelfAttention"),
+        ),
+        ("dave", _stub_with_cell(STEAL)),
     ]:
         folder = root / "submitted" / student / CHAPTER
         folder.mkdir(parents=True)
@@ -275,13 +314,12 @@ def test_plain_nbgrader_workflow(tmp_path):
     rows = {r.split(",")[header.index("student_id")]: r.split(",") for r in grades[1:]}
     assert float(rows["alice"][header.index("raw_score")]) == 10.0
     assert float(rows["bob"][header.index("raw_score")]) == 0.0
+    assert float(rows["carol"][header.index("raw_score")]) == 2.0  # unscaled, no more
+    assert float(rows["dave"][header.index("raw_score")]) == 0.0
     feedback = (root / "feedback" / "bob" / CHAPTER / f"{CHAPTER}.html").read_text()
     assert (
         "not implemented yet" in feedback
     )  # the failing tests' messages reach the student
-    # The hidden code is cleared from the cells; only tracebacks (numbered lines) mention it.
-    text = re.sub(r"<[^>]+>", "", feedback).replace("&gt;", ">")
-    mentions = [line for line in text.splitlines() if "run_hidden_test" in line]
-    assert mentions and all(
-        re.match(r"^\s*(-+>)?\s*\d+ |File .*in run_hidden_test", m) for m in mentions
-    )
+    # Feedback shows the verdicts, never the hidden tests' code
+    text = re.sub(r"<[^>]+>", "", feedback)
+    assert "HiddenTestFailed" in text and "run_hidden_test" not in text

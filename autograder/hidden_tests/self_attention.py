@@ -109,6 +109,7 @@ TESTS = [
     HiddenTest(
         id="sdpa_basic",
         exercise="scaled_dot_product_attention",
+        forbidden=("sdpa",),
         points=2,
         description="output and weights equal softmax(q k^T / sqrt(d_k)) v for any batch dimensions",
         make_cases=_sdpa_basic_cases,
@@ -117,6 +118,7 @@ TESTS = [
     HiddenTest(
         id="sdpa_masked",
         exercise="scaled_dot_product_attention",
+        forbidden=("sdpa",),
         points=2,
         description="boolean masks (True = may attend) broadcast and give masked keys zero weight",
         make_cases=_sdpa_masked_cases,
@@ -125,6 +127,7 @@ TESTS = [
     HiddenTest(
         id="sdpa_edge_cases",
         exercise="scaled_dot_product_attention",
+        forbidden=("sdpa",),
         points=2,
         description="fully masked rows give zeros (not NaN), length 1 works, huge logits stay finite",
         make_cases=_sdpa_edge_cases,
@@ -149,6 +152,7 @@ TESTS = [
     HiddenTest(
         id="self_attention_module",
         exercise="SelfAttention",
+        forbidden=("sdpa",),
         points=2,
         description="SelfAttention projects x with W_q, W_k, W_v and attends, with and without masks",
         make_cases=_self_attention_cases,

@@ -1,0 +1,284 @@
+"""Attacks on the grader: each must earn nothing beyond the same answer without the trick.
+
+Every attack is graded in one batch with the sandbox, as an instructor would. Attacks that
+the sandbox alone stops (reading the reference from disk, say) are also graded once without
+it, to prove the attack is real: there it does earn points.
+"""
+
+import hashlib
+import json
+import subprocess
+import sys
+
+import pytest
+
+from autograder import paths
+from tests.conftest import release_notebook, student_notebook, write
+from tests.test_grading import _grade_cli, _scores, _with_extra_cell
+
+pytestmark = pytest.mark.slow
+CHAPTER = "03_self_attention"
+REPO = str(paths.REPO)
+
+
+def _unscaled(source: str) -> str:
+    return source.replace(" / math.sqrt(d_k)", "")
+
+
+def _stub_with_cell(source: str):
+    """The untouched notebook plus ``source`` after the last exercise (so that a stolen
+    answer is not overwritten by a later stub)."""
+    return _with_extra_cell(release_notebook(CHAPTER), source, "exercise_SelfAttention")
+
+
+def _unscaled_with_cell(source: str):
+    return _with_extra_cell(
+        student_notebook(CHAPTER, _unscaled),
+        source,
+        "exercise_scaled_dot_product_attention",
+    )
+
+
+PATCH_COMPARISONS = """
+import math, numpy, numpy.testing, torch, torch.testing
+torch.allclose = lambda *a, **k: True
+torch.equal = lambda *a, **k: True
+torch.testing.assert_close = lambda *a, **k: None
+torch.Tensor.__eq__ = lambda self, other: torch.ones((), dtype=torch.bool)
+numpy.allclose = lambda *a, **k: True
+numpy.testing.assert_allclose = lambda *a, **k: None
+math.isclose = lambda *a, **k: True
+"""
+
+SWALLOW_EXCEPTIONS = """
+import sys
+ip = get_ipython()
+ip.set_custom_exc((BaseException,), lambda *a, **k: None)
+ip.showtraceback = lambda *a, **k: None
+ip.showsyntaxerror = lambda *a, **k: None
+sys.excepthook = lambda *a, **k: None
+"""
+
+MOCK_MODULES = """
+import sys, types, importlib.abc, importlib.machinery
+
+class _Fake(types.ModuleType):
+    def __getattr__(self, name):
+        return lambda *a, **k: True
+
+class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    def find_spec(self, name, path, target=None):
+        if name.split(".")[0] in ("autograder", "solutions", "nbgrader", "tests"):
+            return importlib.machinery.ModuleSpec(name, self)
+    def create_module(self, spec):
+        return _Fake(spec.name)
+    def exec_module(self, module):
+        pass
+
+sys.meta_path.insert(0, _Finder())
+for name in ["autograder", "autograder.judge", "autograder.probe", "solutions",
+             "solutions.self_attention", "nbgrader", "_grader_probe"]:
+    sys.modules[name] = _Fake(name)
+"""
+
+POISON = f"""
+import os, pathlib
+evil = "def scaled_dot_product_attention(q, k, v, mask=None):\\n    return q, q\\n"
+for folder in ["solutions", "{REPO}/solutions", "/tmp/solutions"]:
+    try:
+        os.makedirs(folder, exist_ok=True)
+        pathlib.Path(folder, "self_attention.py").write_text(evil)
+        pathlib.Path(folder, "__init__.py").write_text("")
+    except OSError as exc:
+        print("could not poison", folder, exc)
+"""
+
+# Gets the reference answers if any route to them exists; else leaves the stubs.
+STEAL = f"""
+import glob, json, sys
+stolen = {{}}
+try:
+    sys.path.insert(0, "{REPO}")
+    from solutions.self_attention import (
+        scaled_dot_product_attention, causal_mask, padding_mask, SelfAttention)
+    stolen["import"] = True
+except Exception as exc:
+    print("no import:", exc)
+for path in ["{REPO}/autograder/source/{CHAPTER}/{CHAPTER}.ipynb",
+             *[p for top in ("/tmp", "/submission", "/root", "/home", "/work")
+               for p in glob.glob(top + "/**/source/{CHAPTER}/*.ipynb", recursive=True)]]:
+    try:
+        nb = json.load(open(path))
+    except Exception as exc:
+        print("no instructor notebook:", exc)
+        continue
+    for cell in nb["cells"]:
+        if cell["cell_type"] == "code" and "BEGIN SOLUTION" in "".join(cell["source"]):
+            exec("".join(cell["source"]))
+    stolen["notebook"] = True
+    break
+"""
+
+FAKE_REPORT = """
+import json, os, torch
+print(json.dumps({"score": 10.0, "max_score": 10.0, "passed": True}))
+print("PASS sdpa_basic 2/2")
+for i in range(10):
+    for name in (f"result_{i}.pt", f"/tmp/result_{i}.pt"):
+        try:
+            torch.save([[{"value": "passed"}]], name)
+        except OSError:
+            pass
+"""
+
+DELEGATE = """
+import torch.nn.functional as F
+
+def scaled_dot_product_attention(q, k, v, mask=None):
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    scores = q @ k.transpose(-2, -1) / q.size(-1) ** 0.5
+    if mask is not None:
+        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+    weights = torch.softmax(scores, dim=-1)
+    if mask is not None:
+        weights = weights * mask
+    return out, weights
+"""
+
+DELEGATE_HIDDEN = DELEGATE.replace(
+    "F.scaled_dot_product_attention(",
+    'getattr(F, "scaled_dot_" + "product_attention")(',
+)
+
+DAEMON = """
+import subprocess
+subprocess.Popen(["sleep", "987"], start_new_session=True)
+"""
+
+
+def _attack_notebooks(d):
+    def answers_then(cell):
+        return _with_extra_cell(
+            student_notebook(CHAPTER), cell, "exercise_SelfAttention"
+        )
+
+    nbs = {
+        "unscaled": student_notebook(CHAPTER, _unscaled),
+        "stub": release_notebook(CHAPTER),
+        "patch_comparisons": _unscaled_with_cell(PATCH_COMPARISONS),
+        "swallow_exceptions": _stub_with_cell(SWALLOW_EXCEPTIONS),
+        "mock_modules": _unscaled_with_cell(MOCK_MODULES),
+        "poison_reference": _unscaled_with_cell(POISON),
+        "steal_reference": _stub_with_cell(STEAL),
+        "fake_report": _stub_with_cell(FAKE_REPORT),
+        "delegate": answers_then(DELEGATE),
+        "delegate_hidden": answers_then(DELEGATE_HIDDEN),
+        "daemon": answers_then(DAEMON),
+    }
+    # deleting every given cell, or rewriting test cells, changes nothing
+    trimmed = student_notebook(CHAPTER)
+    trimmed.cells = [
+        c
+        for c in trimmed.cells
+        if c.cell_type != "code"
+        or c.metadata.get("nbgrader", {}).get("solution")
+        or "import" in c.source
+    ]
+    nbs["tests_deleted"] = trimmed
+    edited = release_notebook(CHAPTER)
+    for c in edited.cells:
+        if c.cell_type == "code" and not c.metadata.get("nbgrader", {}).get("solution"):
+            if "expect" in c.source:
+                c.source = "print('all checks passed')"
+    nbs["tests_edited_stub"] = edited
+    return {name: write(nb, d / f"{name}.ipynb") for name, nb in nbs.items()}
+
+
+def _batch(notebooks, *extra):
+    run = _grade_cli(
+        *notebooks.values(), "--assignment", CHAPTER, "--json", "--jobs", "2",
+        "--seed", "7", *extra,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    results = [json.loads(line) for line in run.stdout.splitlines()]
+    return dict(zip(notebooks, results, strict=True))
+
+
+def _reference_digest():
+    return {
+        p: hashlib.sha256((paths.REPO / p).read_bytes()).hexdigest()
+        for p in [
+            "solutions/self_attention.py",
+            "autograder/hidden_tests/self_attention.py",
+        ]
+    }
+
+
+@pytest.fixture(scope="module")
+def attacked(tmp_path_factory):
+    before = _reference_digest()
+    notebooks = _attack_notebooks(tmp_path_factory.mktemp("attacks"))
+    results = _batch(notebooks)
+    assert _reference_digest() == before, "a submission changed the course's files"
+    return results
+
+
+@pytest.fixture(scope="module")
+def unjailed(tmp_path_factory):
+    """The attacks that only the sandbox stops, graded without it: they must work there."""
+    d = tmp_path_factory.mktemp("unjailed")
+    return _batch(
+        {"steal_reference": write(_stub_with_cell(STEAL), d / "steal.ipynb")},
+        "--no-sandbox",
+    )
+
+
+def test_baselines(attacked):
+    assert attacked["stub"]["score"] == 0
+    assert 0 < attacked["unscaled"]["score"] < attacked["unscaled"]["max_score"]
+
+
+@pytest.mark.parametrize(
+    "attack, baseline",
+    [
+        ("patch_comparisons", "unscaled"),
+        ("swallow_exceptions", "stub"),
+        ("mock_modules", "unscaled"),
+        ("poison_reference", "unscaled"),
+        ("steal_reference", "stub"),
+        ("fake_report", "stub"),
+        ("tests_edited_stub", "stub"),
+    ],
+)
+def test_a_trick_earns_nothing(attacked, attack, baseline):
+    assert _scores(attacked[attack]) == _scores(attacked[baseline]), attacked[attack]
+    assert attacked[attack]["max_score"] == attacked[baseline]["max_score"] == 10
+
+
+def test_deleting_given_cells_changes_nothing(attacked):
+    assert attacked["tests_deleted"]["score"] == 10, attacked["tests_deleted"]
+
+
+def test_stealing_works_without_the_sandbox_so_the_attack_is_real(unjailed):
+    assert unjailed["steal_reference"]["score"] == 10
+
+
+@pytest.mark.parametrize("name", ["delegate", "delegate_hidden"])
+def test_delegating_to_pytorch_earns_nothing_and_says_why(attacked, name):
+    tests = {t["id"]: t for t in attacked[name]["tests"]}
+    for test_id in ("sdpa_basic", "sdpa_masked", "sdpa_edge_cases"):
+        assert tests[test_id]["score"] == 0
+        assert "F.scaled_dot_product_attention" in tests[test_id]["message"]
+        assert "write it yourself" in tests[test_id]["message"]
+    # the other exercises are the student's own work and keep their points
+    assert tests["causal_mask_values"]["score"] == 1
+
+
+def test_processes_a_submission_starts_die_with_its_kernel(attacked):
+    assert attacked["daemon"]["score"] == 10
+    leftover = subprocess.run(["pgrep", "-f", "sleep 987"], capture_output=True)
+    assert leftover.returncode == 1, leftover.stdout
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(pytest.main([__file__, "-v"]))

@@ -1,0 +1,101 @@
+"""The sandbox's guarantees, checked from inside a jailed kernel."""
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+from autograder import paths
+from autograder.limits import Limits
+from autograder.sandbox import Sandbox
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def sandbox():
+    with Sandbox(Limits(memory_mb=4096)) as sb:
+        yield sb
+
+
+def run_cells(sandbox, *sources):
+    """Run cells in a fresh jailed kernel; returns each cell's printed text or error."""
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(s) for s in sources])
+    with sandbox.kernel() as (km, workdir):
+        client = NotebookClient(
+            nb, km=km, allow_errors=True, timeout=60,
+            resources={"metadata": {"path": str(workdir)}},
+        )  # fmt: skip
+        client.execute()
+    texts = []
+    for cell in client.nb.cells:
+        texts.append(
+            "".join(
+                o.get("text", "") or f"{o.get('ename')}: {o.get('evalue')}"
+                for o in cell.outputs
+            )
+        )
+    return texts
+
+
+def test_course_files_are_out_of_reach(sandbox):
+    repo = str(paths.REPO)
+    (importing, listing, reading) = run_cells(
+        sandbox,
+        f"import sys; sys.path.insert(0, {repo!r})\nimport solutions",
+        f"import os; print(os.path.exists({repo!r}), sorted(os.listdir('/')))",
+        f"open({str(paths.REPO / 'solutions' / 'self_attention.py')!r}).read()",
+    )
+    assert "ModuleNotFoundError" in importing
+    assert listing.startswith("False")
+    assert "'work'" not in listing
+    assert "FileNotFoundError" in reading
+
+
+def test_no_network_and_only_its_own_processes(sandbox):
+    net, procs = run_cells(
+        sandbox,
+        "import socket\ntry:\n    socket.create_connection(('pypi.org', 443), timeout=3)\n"
+        "    print('open')\nexcept OSError as exc:\n    print('closed', exc)",
+        "import os; print(sorted(int(p) for p in os.listdir('/proc') if p.isdigit()))",
+    )
+    assert net.startswith("closed")
+    assert procs.strip() == "[1]"  # the kernel is PID 1 and alone
+
+
+def test_system_is_read_only_and_mounts_are_locked(sandbox):
+    write, umount, remount = run_cells(
+        sandbox,
+        "open('/usr/evil', 'w')",
+        "import ctypes; libc = ctypes.CDLL(None, use_errno=True)\n"
+        "print(libc.umount2(b'/usr', 2), ctypes.get_errno())",
+        "import ctypes; libc = ctypes.CDLL(None, use_errno=True)\n"
+        "print(libc.mount(None, b'/usr', None, 32 | 4096, None), ctypes.get_errno())",
+    )
+    assert "Read-only file system" in write or "PermissionError" in write
+    assert umount.startswith("-1")
+    assert remount.startswith("-1")
+
+
+def test_working_folder_is_private_and_writable(sandbox):
+    (first,) = run_cells(
+        sandbox, "import os; open('mine.txt', 'w').write('x'); print(os.getcwd())"
+    )
+    (second,) = run_cells(sandbox, "import os; print(os.listdir('.'))")
+    assert first.strip() == "/submission"
+    assert second.strip() == "[]"  # another kernel sees nothing of the first
+
+
+def test_memory_limit_raises_instead_of_exhausting_the_machine(sandbox):
+    (big,) = run_cells(
+        sandbox, "import torch; x = torch.empty(2**40, dtype=torch.uint8)"
+    )
+    assert "RuntimeError" in big or "MemoryError" in big
+
+
+def test_pytorch_works_and_is_preloaded(sandbox):
+    (out,) = run_cells(
+        sandbox,
+        "import sys; print('torch' in sys.modules)\n"
+        "import torch; print(float((torch.ones(64, 64) @ torch.ones(64, 64))[0, 0]))",
+    )
+    assert out.split() == ["True", "64.0"]
