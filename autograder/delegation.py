@@ -141,11 +141,38 @@ def _top_level_bindings(trees: list[ast.Module]) -> dict[str, list[ast.AST]]:
     return bound
 
 
+def _not_calls(node: ast.AST) -> set[int]:
+    """Subtrees that name a class without using it: type annotations, and the class
+    argument of isinstance/issubclass (``def load(self, mha: nn.MultiheadAttention)``)."""
+    skip = set()
+    for sub in ast.walk(node):
+        if isinstance(sub, ast.arg) and sub.annotation is not None:
+            skip.add(id(sub.annotation))
+        elif isinstance(sub, ast.FunctionDef | ast.AsyncFunctionDef) and sub.returns:
+            skip.add(id(sub.returns))
+        elif isinstance(sub, ast.AnnAssign):
+            skip.add(id(sub.annotation))
+        elif (
+            isinstance(sub, ast.Call)
+            and isinstance(sub.func, ast.Name)
+            and sub.func.id in ("isinstance", "issubclass")
+            and len(sub.args) == 2
+        ):
+            skip.add(id(sub.args[1]))
+    return skip
+
+
 def _words(node: ast.AST) -> tuple[set[str], set[str]]:
     """Under ``node``: bare names (which may be the student's own, to follow), and words
     that always refer to something else: attribute names, imported names, strings."""
     names, words = set(), set()
-    for sub in ast.walk(node):
+    skip = _not_calls(node)
+    todo = [node]
+    while todo:
+        sub = todo.pop()
+        if id(sub) in skip:
+            continue
+        todo.extend(ast.iter_child_nodes(sub))
         if isinstance(sub, ast.Name):
             names.add(sub.id)
         elif isinstance(sub, ast.Attribute):

@@ -49,6 +49,18 @@ def test_direct_aliased_indirect_and_string_uses_are_found():
     assert static_uses([mha], "MultiHeadAttention", ("mha",)) == ["mha"]
 
 
+def test_type_hints_and_isinstance_checks_are_not_delegation():
+    hinted = (
+        "import torch\nfrom torch import nn\n"
+        "class MultiHeadAttention(nn.Module):\n"
+        "    def load_torch_weights(self, mha: nn.MultiheadAttention) -> None:\n"
+        "        assert isinstance(mha, nn.MultiheadAttention)\n"
+        "        layer: nn.MultiheadAttention = mha\n"
+        "        self.w = mha.in_proj_weight\n"
+    )
+    assert static_uses([hinted], "MultiHeadAttention", ("mha",)) == []
+
+
 def test_unparseable_cells_are_skipped_not_fatal():
     assert _sdpa("def broken(:\n") == []
 
