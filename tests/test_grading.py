@@ -226,7 +226,6 @@ def test_kernel_death_inside_a_test_keeps_earlier_tests(batch):
     assert "kernel died while the hidden tests called your code" in later["message"]
 
 
-@pytest.mark.parametrize("name", ["truncated", "not_a_notebook", "missing_file"])
 def test_memory_exhaustion_is_an_error_and_the_rest_is_graded(batch):
     result = batch["memory_hog"]
     assert result["score"] == 10.0, result
@@ -239,6 +238,7 @@ def test_a_flood_of_output_is_interrupted_and_the_rest_is_graded(batch):
     assert "printed more than 2 MB" in result["message"], result["message"]
 
 
+@pytest.mark.parametrize("name", ["truncated", "not_a_notebook", "missing_file"])
 def test_unreadable_submissions_get_a_message(batch, name):
     result = batch[name]
     assert result["score"] == 0.0 and "could not read" in result["message"]
