@@ -1,0 +1,307 @@
+"""Chapter 6, the Transformer: reference implementations.
+
+The first three definitions are not exercises: the chapter gives them to the student
+(``causal_mask`` from chapter 3, ``sinusoidal_encoding`` from chapter 5, and ``MHA``,
+PyTorch's multi-head attention called with the course's mask convention).
+"""
+
+import math
+
+import torch
+from torch import nn
+
+# ------------------------------------------------------------------ given in the chapter
+
+
+def causal_mask(n: int, device: torch.device | str | None = None) -> torch.Tensor:
+    """(n, n) bool: query i may attend to key j exactly when j <= i (chapter 3)."""
+    return torch.ones(n, n, dtype=torch.bool, device=device).tril()
+
+
+def sinusoidal_encoding(max_len: int, d_model: int) -> torch.Tensor:
+    """(max_len, d_model): sin on even, cos on odd dimensions (chapter 5)."""
+    position = torch.arange(max_len, dtype=torch.float32)[:, None]  # (max_len, 1)
+    i = torch.arange(0, d_model, 2, dtype=torch.float32)  # (ceil(d_model / 2),)
+    angle = position / 10000 ** (i / d_model)  # (max_len, ceil(d_model / 2))
+    pe = torch.zeros(max_len, d_model)
+    pe[:, 0::2] = torch.sin(angle)
+    pe[:, 1::2] = torch.cos(angle[:, : d_model // 2])
+    return pe
+
+
+class MHA(nn.MultiheadAttention):
+    """PyTorch's multi-head attention (chapter 4), called with the course's mask convention."""
+
+    def __init__(self, d_model: int, num_heads: int, dropout: float = 0.0):
+        super().__init__(d_model, num_heads, dropout=dropout, batch_first=True)
+        self.weights = None  # the last attention weights (B, h, n_q, n_k), for plots
+
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        mask: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        attn_mask = None
+        if mask is not None:
+            batch, n_q, n_k = query.size(0), query.size(1), key.size(1)
+            # Ours: True = may attend. PyTorch's boolean attn_mask: True = may NOT attend,
+            # shape (n_q, n_k) or (B * h, n_q, n_k) with the heads of one sequence adjacent.
+            attn_mask = ~mask.expand(batch, n_q, n_k)
+            attn_mask = attn_mask.repeat_interleave(self.num_heads, dim=0)
+        out, weights = super().forward(
+            query,
+            key,
+            value,
+            attn_mask=attn_mask,
+            need_weights=True,
+            average_attn_weights=False,
+        )
+        self.weights = weights.detach()
+        return out, weights  # (B, n_q, d_model), (B, h, n_q, n_k)
+
+
+# ------------------------------------------------------------------------------ exercises
+
+
+class PositionwiseFeedForward(nn.Module):
+    """FFN(x) = max(0, x W_1 + b_1) W_2 + b_2, applied to every position on its own."""
+
+    def __init__(self, d_model: int, d_ff: int, dropout: float = 0.0):
+        super().__init__()
+        self.linear1 = nn.Linear(d_model, d_ff)
+        self.linear2 = nn.Linear(d_ff, d_model)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        hidden = torch.relu(self.linear1(x))  # (..., d_ff)
+        return self.linear2(self.dropout(hidden))  # (..., d_model)
+
+
+class SublayerConnection(nn.Module):
+    """A residual connection around any sublayer, with layer norm after it or before it."""
+
+    def __init__(self, d_model: int, dropout: float = 0.0, norm_first: bool = False):
+        super().__init__()
+        self.norm = nn.LayerNorm(d_model)
+        self.dropout = nn.Dropout(dropout)
+        self.norm_first = norm_first
+
+    def forward(self, x: torch.Tensor, sublayer) -> torch.Tensor:
+        if self.norm_first:
+            # pre-norm: the residual path from x to the output carries no normalisation
+            return x + self.dropout(sublayer(self.norm(x)))
+        # post-norm (the paper): normalise the sum
+        return self.norm(x + self.dropout(sublayer(x)))
+
+
+class EncoderLayer(nn.Module):
+    """Self-attention then feed-forward, each inside a SublayerConnection."""
+
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        d_ff: int,
+        dropout: float = 0.0,
+        norm_first: bool = False,
+    ):
+        super().__init__()
+        self.self_attn = MHA(d_model, num_heads, dropout)
+        self.feed_forward = PositionwiseFeedForward(d_model, d_ff, dropout)
+        self.sublayers = nn.ModuleList(
+            [SublayerConnection(d_model, dropout, norm_first) for _ in range(2)]
+        )
+
+    def forward(
+        self, x: torch.Tensor, mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        x = self.sublayers[0](x, lambda y: self.self_attn(y, y, y, mask)[0])
+        return self.sublayers[1](x, self.feed_forward)  # (B, n, d_model)
+
+    def load_torch_weights(self, layer: nn.Module) -> None:
+        # nn.TransformerEncoderLayer's names -> ours (MHA has nn.MultiheadAttention's)
+        self.self_attn.load_state_dict(layer.self_attn.state_dict())
+        self.feed_forward.linear1.load_state_dict(layer.linear1.state_dict())
+        self.feed_forward.linear2.load_state_dict(layer.linear2.state_dict())
+        self.sublayers[0].norm.load_state_dict(layer.norm1.state_dict())
+        self.sublayers[1].norm.load_state_dict(layer.norm2.state_dict())
+
+
+class DecoderLayer(nn.Module):
+    """Causal self-attention, cross-attention to the encoder's output, feed-forward."""
+
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        d_ff: int,
+        dropout: float = 0.0,
+        norm_first: bool = False,
+    ):
+        super().__init__()
+        self.self_attn = MHA(d_model, num_heads, dropout)
+        self.cross_attn = MHA(d_model, num_heads, dropout)
+        self.feed_forward = PositionwiseFeedForward(d_model, d_ff, dropout)
+        self.sublayers = nn.ModuleList(
+            [SublayerConnection(d_model, dropout, norm_first) for _ in range(3)]
+        )
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        memory: torch.Tensor,
+        tgt_mask: torch.Tensor | None = None,
+        memory_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        self_mask = causal_mask(x.size(1), x.device)  # (n_tgt, n_tgt)
+        if tgt_mask is not None:
+            self_mask = self_mask & tgt_mask  # broadcasts to (B, n_tgt, n_tgt)
+        x = self.sublayers[0](x, lambda y: self.self_attn(y, y, y, self_mask)[0])
+        # queries from the decoder, keys and values from the encoder's output
+        x = self.sublayers[1](
+            x, lambda y: self.cross_attn(y, memory, memory, memory_mask)[0]
+        )
+        return self.sublayers[2](x, self.feed_forward)  # (B, n_tgt, d_model)
+
+
+class Encoder(nn.Module):
+    """num_layers encoder layers; pre-norm stacks end with one more layer norm."""
+
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        d_ff: int,
+        num_layers: int,
+        dropout: float = 0.0,
+        norm_first: bool = False,
+    ):
+        super().__init__()
+        self.layers = nn.ModuleList(
+            [
+                EncoderLayer(d_model, num_heads, d_ff, dropout, norm_first)
+                for _ in range(num_layers)
+            ]
+        )
+        # post-norm layers already end in a norm; a pre-norm stack's output is a raw sum
+        self.norm = nn.LayerNorm(d_model) if norm_first else None
+
+    def forward(
+        self, x: torch.Tensor, mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x, mask)
+        return x if self.norm is None else self.norm(x)  # (B, n, d_model)
+
+
+class Decoder(nn.Module):
+    """num_layers decoder layers; pre-norm stacks end with one more layer norm."""
+
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        d_ff: int,
+        num_layers: int,
+        dropout: float = 0.0,
+        norm_first: bool = False,
+    ):
+        super().__init__()
+        self.layers = nn.ModuleList(
+            [
+                DecoderLayer(d_model, num_heads, d_ff, dropout, norm_first)
+                for _ in range(num_layers)
+            ]
+        )
+        self.norm = nn.LayerNorm(d_model) if norm_first else None
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        memory: torch.Tensor,
+        tgt_mask: torch.Tensor | None = None,
+        memory_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x, memory, tgt_mask, memory_mask)
+        return x if self.norm is None else self.norm(x)  # (B, n_tgt, d_model)
+
+
+class Transformer(nn.Module):
+    """The encoder-decoder Transformer: embeddings and positions, two stacks, output projection."""
+
+    def __init__(
+        self,
+        src_vocab: int,
+        tgt_vocab: int,
+        d_model: int,
+        num_heads: int,
+        d_ff: int,
+        num_layers: int,
+        dropout: float = 0.0,
+        norm_first: bool = False,
+        max_len: int = 256,
+    ):
+        super().__init__()
+        self.d_model = d_model
+        self.src_embed = nn.Embedding(src_vocab, d_model)
+        self.tgt_embed = nn.Embedding(tgt_vocab, d_model)
+        # std d_model^-1/2, so that the embeddings times sqrt(d_model) have unit scale,
+        # like the positional encoding they are added to
+        nn.init.normal_(self.src_embed.weight, std=d_model**-0.5)
+        nn.init.normal_(self.tgt_embed.weight, std=d_model**-0.5)
+        # not persistent: the encoding is computed, never learned or loaded
+        self.register_buffer(
+            "pe", sinusoidal_encoding(max_len, d_model), persistent=False
+        )
+        self.dropout = nn.Dropout(dropout)
+        sizes = (d_model, num_heads, d_ff, num_layers, dropout, norm_first)
+        self.encoder = Encoder(*sizes)
+        self.decoder = Decoder(*sizes)
+        self.out_proj = nn.Linear(d_model, tgt_vocab)
+
+    def encode(
+        self, src: torch.Tensor, src_mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        n = src.size(1)
+        x = self.src_embed(src) * math.sqrt(self.d_model) + self.pe[:n]  # (B, n, d)
+        return self.encoder(self.dropout(x), src_mask)  # (B, n_src, d_model)
+
+    def decode(
+        self,
+        tgt: torch.Tensor,
+        memory: torch.Tensor,
+        src_mask: torch.Tensor | None = None,
+        tgt_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        n = tgt.size(1)
+        y = self.tgt_embed(tgt) * math.sqrt(self.d_model) + self.pe[:n]  # (B, n, d)
+        y = self.decoder(self.dropout(y), memory, tgt_mask, src_mask)
+        return self.out_proj(y)  # (B, n_tgt, tgt_vocab) logits
+
+    def forward(
+        self,
+        src: torch.Tensor,
+        tgt: torch.Tensor,
+        src_mask: torch.Tensor | None = None,
+        tgt_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        memory = self.encode(src, src_mask)
+        return self.decode(tgt, memory, src_mask, tgt_mask)
+
+    def greedy_decode(
+        self,
+        src: torch.Tensor,
+        max_len: int,
+        bos: int,
+        src_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        memory = self.encode(src, src_mask)  # encode once, decode max_len times
+        ys = torch.full((src.size(0), 1), bos, dtype=torch.long, device=src.device)
+        for _ in range(max_len):
+            logits = self.decode(ys, memory, src_mask)  # (B, t, tgt_vocab)
+            next_token = logits[:, -1].argmax(dim=-1)  # (B,): the most probable
+            ys = torch.cat([ys, next_token[:, None]], dim=1)  # (B, t + 1)
+        return ys[:, 1:]  # (B, max_len), without the start token

@@ -1,0 +1,744 @@
+"""Chapter 6: the references agree with PyTorch's Transformer layers, and the hidden tests
+tell right from wrong answers written outside the mistake catalogue."""
+
+import math
+
+import jupytext
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from autograder import paths
+from autograder.spec import load_chapter_tests
+from solutions import transformer as tr
+from tests.test_hidden_tests import SEEDS, verdicts
+
+CHAPTER = "06_transformer"
+
+
+def _randomise(*modules, std=0.3):
+    """Random weights everywhere, layer norms included (their 1 and 0 hide mistakes)."""
+    with torch.no_grad():
+        for module in modules:
+            for p in module.parameters():
+                p.normal_(0, std)
+
+
+def _keep(lengths, n):
+    """(B, n) bool, True on real tokens."""
+    return torch.tensor(lengths)[:, None] > torch.arange(n)
+
+
+def _copy_decoder_layer(ours, theirs):
+    ours.self_attn.load_state_dict(theirs.self_attn.state_dict())
+    ours.cross_attn.load_state_dict(theirs.multihead_attn.state_dict())
+    ours.feed_forward.linear1.load_state_dict(theirs.linear1.state_dict())
+    ours.feed_forward.linear2.load_state_dict(theirs.linear2.state_dict())
+    for connection, norm in zip(
+        ours.sublayers, (theirs.norm1, theirs.norm2, theirs.norm3), strict=True
+    ):
+        connection.norm.load_state_dict(norm.state_dict())
+
+
+# ------------------------------------------------------ the references against PyTorch
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+@pytest.mark.parametrize("grad", [False, True], ids=["no_grad", "grad"])
+def test_encoder_layer_equals_torch_encoder_layer(norm_first, grad):
+    """Both PyTorch paths (the fused inference path under no_grad, the plain one with
+    autograd) and every mask shape: none, (n, n), (B, n, n) and padding (B, 1, n)."""
+    torch.manual_seed(0)
+    theirs = nn.TransformerEncoderLayer(
+        16, 4, dim_feedforward=40, dropout=0.0, batch_first=True, norm_first=norm_first
+    )
+    _randomise(theirs)
+    theirs.eval()
+    ours = tr.EncoderLayer(16, 4, 40, norm_first=norm_first).eval()
+    ours.load_torch_weights(theirs)
+    x = torch.randn(3, 6, 16)
+    causal = tr.causal_mask(6)
+    full = torch.rand(3, 6, 6) < 0.5
+    full[..., 0] = True
+    keep = _keep([6, 4, 2], 6)
+    with torch.set_grad_enabled(grad):
+        torch.testing.assert_close(ours(x), theirs(x), rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(
+            ours(x, causal), theirs(x, src_mask=~causal), rtol=1e-4, atol=1e-5
+        )
+        torch.testing.assert_close(
+            ours(x, full),
+            theirs(x, src_mask=(~full).repeat_interleave(4, dim=0)),
+            rtol=1e-4,
+            atol=1e-5,
+        )
+        got = ours(x, keep[:, None, :])
+        expected = theirs(x, src_key_padding_mask=~keep)
+        torch.testing.assert_close(got[keep], expected[keep], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_decoder_layer_equals_torch_decoder_layer(norm_first):
+    torch.manual_seed(1)
+    theirs = nn.TransformerDecoderLayer(
+        16, 2, dim_feedforward=24, dropout=0.0, batch_first=True, norm_first=norm_first
+    )
+    _randomise(theirs)
+    theirs.eval()
+    ours = tr.DecoderLayer(16, 2, 24, norm_first=norm_first).eval()
+    _copy_decoder_layer(ours, theirs)
+    x, memory = torch.randn(3, 5, 16), torch.randn(3, 7, 16)
+    tgt_keep, src_keep = _keep([5, 3, 4], 5), _keep([7, 2, 6], 7)
+    got = ours(x, memory, tgt_keep[:, None, :], src_keep[:, None, :])
+    expected = theirs(
+        x,
+        memory,
+        tgt_mask=~tr.causal_mask(5),
+        tgt_key_padding_mask=~tgt_keep,
+        memory_key_padding_mask=~src_keep,
+    )
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+def test_stacks_equal_torch_stacks(norm_first):
+    torch.manual_seed(2)
+    kwargs = dict(
+        dim_feedforward=32, dropout=0.0, batch_first=True, norm_first=norm_first
+    )
+    theirs_enc = nn.TransformerEncoder(
+        nn.TransformerEncoderLayer(16, 4, **kwargs),
+        3,
+        norm=nn.LayerNorm(16) if norm_first else None,
+        enable_nested_tensor=False,
+    )
+    theirs_dec = nn.TransformerDecoder(
+        nn.TransformerDecoderLayer(16, 4, **kwargs),
+        3,
+        norm=nn.LayerNorm(16) if norm_first else None,
+    )
+    _randomise(theirs_enc, theirs_dec)
+    encoder = tr.Encoder(16, 4, 32, 3, norm_first=norm_first)
+    decoder = tr.Decoder(16, 4, 32, 3, norm_first=norm_first)
+    for i in range(3):
+        encoder.layers[i].load_torch_weights(theirs_enc.layers[i])
+        _copy_decoder_layer(decoder.layers[i], theirs_dec.layers[i])
+    if norm_first:
+        encoder.norm.load_state_dict(theirs_enc.norm.state_dict())
+        decoder.norm.load_state_dict(theirs_dec.norm.state_dict())
+    else:
+        assert encoder.norm is None and decoder.norm is None
+    src, tgt = torch.randn(2, 6, 16), torch.randn(2, 4, 16)
+    src_keep = _keep([6, 3], 6)
+    memory = encoder(src, src_keep[:, None, :])
+    torch.testing.assert_close(
+        memory[src_keep],
+        theirs_enc(src, src_key_padding_mask=~src_keep)[src_keep],
+        rtol=1e-4,
+        atol=1e-5,
+    )
+    torch.testing.assert_close(
+        decoder(tgt, memory, memory_mask=src_keep[:, None, :]),
+        theirs_dec(
+            tgt,
+            memory,
+            tgt_mask=~tr.causal_mask(4),
+            memory_key_padding_mask=~src_keep,
+        ),
+        rtol=1e-4,
+        atol=1e-5,
+    )
+
+
+def test_feed_forward_and_sublayer_connection_follow_the_formulas():
+    torch.manual_seed(3)
+    ffn = tr.PositionwiseFeedForward(8, 32)
+    x = torch.randn(2, 5, 8, dtype=torch.float64)
+    ffn.double()
+    w1, b1 = ffn.linear1.weight.T, ffn.linear1.bias
+    w2, b2 = ffn.linear2.weight.T, ffn.linear2.bias
+    torch.testing.assert_close(ffn(x), torch.clamp(x @ w1 + b1, min=0) @ w2 + b2)
+    for norm_first in (False, True):
+        connection = tr.SublayerConnection(8, norm_first=norm_first).double()
+        _randomise(connection)
+        gamma, beta = connection.norm.weight, connection.norm.bias
+
+        def layer_norm(t, gamma=gamma, beta=beta):
+            mu = t.mean(-1, keepdim=True)
+            var = ((t - mu) ** 2).mean(-1, keepdim=True)  # biased, as in Ba et al.
+            return gamma * (t - mu) / torch.sqrt(var + 1e-5) + beta
+
+        expected = x + ffn(layer_norm(x)) if norm_first else layer_norm(x + ffn(x))
+        torch.testing.assert_close(connection(x, ffn), expected)
+
+
+def test_mha_uses_the_course_mask_convention():
+    torch.manual_seed(4)
+    attn = tr.MHA(16, 4)
+    q, kv = torch.randn(2, 3, 16), torch.randn(2, 5, 16)
+    mask = torch.rand(2, 3, 5) < 0.5
+    mask[..., 1] = True
+    out, weights = attn(q, kv, kv, mask)
+    assert weights.shape == (2, 4, 3, 5) and torch.equal(attn.weights, weights)
+    assert bool((weights.masked_select(~mask[:, None].expand_as(weights)) == 0).all())
+    # the same computation by hand, with F.scaled_dot_product_attention (True = may attend)
+    w_q, w_k, w_v = attn.in_proj_weight.chunk(3)
+    b_q, b_k, b_v = attn.in_proj_bias.chunk(3)
+
+    def heads(t):
+        return t.unflatten(-1, (4, 4)).transpose(1, 2)  # (B, h, n, d_head)
+
+    by_hand = F.scaled_dot_product_attention(
+        heads(q @ w_q.T + b_q),
+        heads(kv @ w_k.T + b_k),
+        heads(kv @ w_v.T + b_v),
+        attn_mask=mask[:, None],
+    )
+    by_hand = attn.out_proj(by_hand.transpose(1, 2).flatten(2))
+    torch.testing.assert_close(out, by_hand, rtol=1e-5, atol=1e-6)
+
+
+def test_transformer_is_causal_ignores_padding_and_decodes_greedily():
+    torch.manual_seed(5)
+    model = tr.Transformer(11, 13, 16, 4, 32, 2, norm_first=True).eval()
+    src, tgt = torch.randint(11, (2, 7)), torch.randint(13, (2, 6))
+    keep = _keep([7, 4], 7)[:, None, :]
+    with torch.no_grad():
+        logits = model(src, tgt, src_mask=keep)
+        assert logits.shape == (2, 6, 13)
+        later = tgt.clone()
+        later[:, 3:] = torch.randint(13, (2, 3))
+        torch.testing.assert_close(
+            model(src, later, src_mask=keep)[:, :3], logits[:, :3]
+        )
+        padded = src.clone()
+        padded[1, 4:] = torch.randint(11, (3,))
+        torch.testing.assert_close(model(padded, tgt, src_mask=keep), logits)
+        generated = model.greedy_decode(src, 5, 12, src_mask=keep)
+        assert generated.shape == (2, 5) and generated.dtype == torch.long
+        fed_back = torch.cat([torch.full((2, 1), 12), generated[:, :-1]], dim=1)
+        assert torch.equal(model(src, fed_back, src_mask=keep).argmax(-1), generated)
+
+
+def test_transformer_embeds_scales_and_adds_positions():
+    torch.manual_seed(6)
+    model = tr.Transformer(5, 6, 8, 2, 16, 1).eval()
+    assert "pe" not in model.state_dict()
+    src = torch.randint(5, (2, 4))
+    pe = torch.tensor(
+        [
+            [math.sin(p / 10000 ** (2 * (i // 2) / 8)) if i % 2 == 0 else
+             math.cos(p / 10000 ** (2 * (i // 2) / 8)) for i in range(8)]
+            for p in range(4)
+        ]
+    )  # fmt: skip
+    torch.testing.assert_close(tr.sinusoidal_encoding(4, 8), pe)
+    with torch.no_grad():
+        torch.testing.assert_close(
+            model.encode(src), model.encoder(model.src_embed(src) * math.sqrt(8) + pe)
+        )
+
+
+def test_the_chapter_gives_the_same_helpers_as_the_reference():
+    """The chapter's given cell (causal_mask, sinusoidal_encoding, MHA) must not drift
+    from the copies the references use."""
+    cells = jupytext.read(paths.chapter_source(CHAPTER)).cells
+    given = next(c.source for c in cells if "class MHA(" in c.source)
+    namespace = {"torch": torch, "nn": nn}
+    exec(given, namespace)
+    assert torch.equal(namespace["causal_mask"](5), tr.causal_mask(5))
+    assert torch.equal(
+        namespace["sinusoidal_encoding"](9, 6), tr.sinusoidal_encoding(9, 6)
+    )
+    torch.manual_seed(7)
+    theirs, ours = namespace["MHA"](8, 2), tr.MHA(8, 2)
+    ours.load_state_dict(theirs.state_dict())
+    x, mask = torch.randn(2, 4, 8), _keep([4, 2], 4)[:, None, :]
+    for a, b in zip(theirs(x, x, x, mask), ours(x, x, x, mask), strict=True):
+        torch.testing.assert_close(a, b)
+
+
+# --------------------------------- wrong answers written outside the mistake catalogue
+
+
+class _FFNNoOutputBias(tr.PositionwiseFeedForward):
+    def forward(self, x):
+        return torch.relu(self.linear1(x)) @ self.linear2.weight.T
+
+
+class _FFNLeakyReLU(tr.PositionwiseFeedForward):
+    def forward(self, x):
+        return self.linear2(F.leaky_relu(self.linear1(x), 0.1))
+
+
+class _FFNReturnsHidden(tr.PositionwiseFeedForward):
+    def forward(self, x):
+        return torch.relu(self.linear1(x))
+
+
+class _SublayerUnbiasedStd(tr.SublayerConnection):
+    """Layer norm by hand with x.std(), which is the unbiased estimate: wrong by sqrt(d/(d-1))."""
+
+    def forward(self, x, sublayer):
+        def norm(t):
+            mu, std = t.mean(-1, keepdim=True), t.std(-1, keepdim=True)
+            return self.norm.weight * (t - mu) / (std + 1e-5) + self.norm.bias
+
+        return x + sublayer(norm(x)) if self.norm_first else norm(x + sublayer(x))
+
+
+class _SublayerNoAffine(tr.SublayerConnection):
+    def forward(self, x, sublayer):
+        def norm(t):
+            return F.layer_norm(t, t.shape[-1:])
+
+        return x + sublayer(norm(x)) if self.norm_first else norm(x + sublayer(x))
+
+
+class _SublayerNormOverSequence(tr.SublayerConnection):
+    def forward(self, x, sublayer):
+        def norm(t):
+            mu, var = t.mean(-2, keepdim=True), t.var(-2, keepdim=True, unbiased=False)
+            return self.norm.weight * (t - mu) / torch.sqrt(var + 1e-5) + self.norm.bias
+
+        return x + sublayer(norm(x)) if self.norm_first else norm(x + sublayer(x))
+
+
+class _EncoderLayerOneResidual(tr.EncoderLayer):
+    """One residual connection around the whole layer instead of one per sublayer."""
+
+    def forward(self, x, mask=None):
+        first, second = self.sublayers
+        if first.norm_first:
+            y = first.norm(x)
+            return x + self.feed_forward(second.norm(self.self_attn(y, y, y, mask)[0]))
+        y = first.norm(self.self_attn(x, x, x, mask)[0])
+        return second.norm(x + self.feed_forward(y))
+
+
+class _EncoderLayerWeightsWithoutBiases(tr.EncoderLayer):
+    def load_torch_weights(self, layer):
+        with torch.no_grad():
+            self.self_attn.in_proj_weight.copy_(layer.self_attn.in_proj_weight)
+            self.self_attn.out_proj.weight.copy_(layer.self_attn.out_proj.weight)
+            self.feed_forward.linear1.weight.copy_(layer.linear1.weight)
+            self.feed_forward.linear2.weight.copy_(layer.linear2.weight)
+            self.sublayers[0].norm.weight.copy_(layer.norm1.weight)
+            self.sublayers[1].norm.weight.copy_(layer.norm2.weight)
+
+
+class _EncoderLayerForgetsOutProj(tr.EncoderLayer):
+    def load_torch_weights(self, layer):
+        with torch.no_grad():
+            self.self_attn.in_proj_weight.copy_(layer.self_attn.in_proj_weight)
+            self.self_attn.in_proj_bias.copy_(layer.self_attn.in_proj_bias)
+            self.feed_forward.load_state_dict(
+                {
+                    "linear1.weight": layer.linear1.weight,
+                    "linear1.bias": layer.linear1.bias,
+                    "linear2.weight": layer.linear2.weight,
+                    "linear2.bias": layer.linear2.bias,
+                }
+            )
+            self.sublayers[0].norm.load_state_dict(layer.norm1.state_dict())
+            self.sublayers[1].norm.load_state_dict(layer.norm2.state_dict())
+
+
+class _DecoderLayerNormsMemory(tr.DecoderLayer):
+    """Pre-norm that also normalises the memory with the cross-attention sublayer's norm."""
+
+    def forward(self, x, memory, tgt_mask=None, memory_mask=None):
+        connection = self.sublayers[1]
+        if connection.norm_first:
+            memory = connection.norm(memory)
+        return super().forward(x, memory, tgt_mask, memory_mask)
+
+
+class _DecoderLayerCausalCrossAttention(tr.DecoderLayer):
+    def forward(self, x, memory, tgt_mask=None, memory_mask=None):
+        m, n = x.size(1), memory.size(1)
+        causal = torch.ones(m, n, dtype=torch.bool).tril()
+        memory_mask = causal if memory_mask is None else causal & memory_mask
+        return super().forward(x, memory, tgt_mask, memory_mask)
+
+
+class _DecoderLayerOneAttention(tr.DecoderLayer):
+    """Uses self_attn for the cross-attention too."""
+
+    def forward(self, x, memory, tgt_mask=None, memory_mask=None):
+        self_mask = tr.causal_mask(x.size(1))
+        if tgt_mask is not None:
+            self_mask = self_mask & tgt_mask
+        x = self.sublayers[0](x, lambda y: self.self_attn(y, y, y, self_mask)[0])
+        x = self.sublayers[1](
+            x, lambda y: self.self_attn(y, memory, memory, memory_mask)[0]
+        )
+        return self.sublayers[2](x, self.feed_forward)
+
+
+class _EncoderStackResidual(tr.Encoder):
+    """Adds the stack's input to its output."""
+
+    def forward(self, x, mask=None):
+        return x + super().forward(x, mask)
+
+
+class _EncoderNormsEveryLayer(tr.Encoder):
+    def forward(self, x, mask=None):
+        for layer in self.layers:
+            x = layer(x, mask)
+            if self.norm is not None:
+                x = self.norm(x)
+        return x
+
+
+class _DecoderPreviousLayerAsMemory(tr.Decoder):
+    def forward(self, x, memory, tgt_mask=None, memory_mask=None):
+        previous = memory
+        for layer in self.layers:
+            x, previous = layer(x, previous, tgt_mask, memory_mask), x
+            memory_mask = None  # the "memory" is now a target sequence
+        return x if self.norm is None else self.norm(x)
+
+
+class _TransformerScalesPositions(tr.Transformer):
+    """(embedding + positions) * sqrt(d_model): the positions get scaled too."""
+
+    def encode(self, src, src_mask=None):
+        x = (self.src_embed(src) + self.pe[: src.size(1)]) * math.sqrt(self.d_model)
+        return self.encoder(x, src_mask)
+
+    def decode(self, tgt, memory, src_mask=None, tgt_mask=None):
+        y = (self.tgt_embed(tgt) + self.pe[: tgt.size(1)]) * math.sqrt(self.d_model)
+        return self.out_proj(self.decoder(y, memory, tgt_mask, src_mask))
+
+
+class _TransformerPositionsFromOne(tr.Transformer):
+    def encode(self, src, src_mask=None):
+        n = src.size(1)
+        x = self.src_embed(src) * math.sqrt(self.d_model) + self.pe[1 : n + 1]
+        return self.encoder(x, src_mask)
+
+    def decode(self, tgt, memory, src_mask=None, tgt_mask=None):
+        m = tgt.size(1)
+        y = self.tgt_embed(tgt) * math.sqrt(self.d_model) + self.pe[1 : m + 1]
+        return self.out_proj(self.decoder(y, memory, tgt_mask, src_mask))
+
+
+class _GreedyFloat(tr.Transformer):
+    def greedy_decode(self, src, max_len, bos, src_mask=None):
+        return super().greedy_decode(src, max_len, bos, src_mask).float()
+
+
+class _GreedyOneShort(tr.Transformer):
+    def greedy_decode(self, src, max_len, bos, src_mask=None):
+        return super().greedy_decode(src, max_len - 1, bos, src_mask)
+
+
+class _GreedyTeacherForcedOnBos(tr.Transformer):
+    """One forward pass on a target of start tokens: no token is ever fed back."""
+
+    def greedy_decode(self, src, max_len, bos, src_mask=None):
+        start = torch.full((src.size(0), max_len), bos, dtype=torch.long)
+        return self(src, start, src_mask).argmax(-1)
+
+
+INDEPENDENT_WRONG_ANSWERS = {
+    "PositionwiseFeedForward": {
+        _FFNNoOutputBias: ["ffn_values"],
+        _FFNLeakyReLU: ["ffn_values"],
+        _FFNReturnsHidden: ["ffn_values"],
+    },
+    "SublayerConnection": {
+        _SublayerUnbiasedStd: ["sublayer_connection"],
+        _SublayerNoAffine: ["sublayer_connection"],
+        _SublayerNormOverSequence: ["sublayer_connection"],
+    },
+    "EncoderLayer": {
+        _EncoderLayerOneResidual: [
+            "encoder_layer_values",
+            "encoder_layer_torch_weights",
+        ],
+        _EncoderLayerWeightsWithoutBiases: ["encoder_layer_torch_weights"],
+        _EncoderLayerForgetsOutProj: ["encoder_layer_torch_weights"],
+    },
+    "DecoderLayer": {
+        _DecoderLayerNormsMemory: ["decoder_layer_values", "decoder_layer_causal"],
+        _DecoderLayerCausalCrossAttention: ["decoder_layer_values"],
+        _DecoderLayerOneAttention: ["decoder_layer_values", "decoder_layer_causal"],
+    },
+    "Encoder": {
+        _EncoderStackResidual: ["encoder_stack"],
+        _EncoderNormsEveryLayer: ["encoder_stack"],
+    },
+    "Decoder": {_DecoderPreviousLayerAsMemory: ["decoder_stack"]},
+    "Transformer": {
+        _TransformerScalesPositions: [
+            "transformer_forward",
+            "transformer_greedy_decode",
+        ],
+        _TransformerPositionsFromOne: ["transformer_forward"],
+        _GreedyFloat: ["transformer_greedy_decode"],
+        _GreedyOneShort: ["transformer_greedy_decode"],
+        _GreedyTeacherForcedOnBos: ["transformer_greedy_decode"],
+    },
+}
+
+
+@pytest.mark.parametrize(
+    "exercise, wrong, test_ids",
+    [
+        (e, w, ids)
+        for e, answers in INDEPENDENT_WRONG_ANSWERS.items()
+        for w, ids in answers.items()
+    ],
+    ids=lambda x: getattr(x, "__name__", None) if callable(x) else None,
+)
+def test_independent_wrong_answers_fail(exercise, wrong, test_ids):
+    tests = load_chapter_tests(CHAPTER)
+    results = verdicts(
+        tests, {**vars(tr), exercise: wrong}, 0, [tests.test(i) for i in test_ids]
+    )
+    for test_id, v in results.items():
+        assert not v.passed, f"{wrong.__name__} passes {test_id}"
+
+
+# ------------------------------------- correct answers written in another style must pass
+
+
+class _OwnMHA(nn.Module):
+    """Attention by hand with nn.MultiheadAttention's parameter names: no PyTorch layer."""
+
+    def __init__(self, d_model, num_heads):
+        super().__init__()
+        self.num_heads = num_heads
+        self.in_proj_weight = nn.Parameter(torch.empty(3 * d_model, d_model))
+        self.in_proj_bias = nn.Parameter(torch.zeros(3 * d_model))
+        self.out_proj = nn.Linear(d_model, d_model)
+        nn.init.xavier_uniform_(self.in_proj_weight)
+
+    def forward(self, query, key, value, mask=None):
+        w_q, w_k, w_v = self.in_proj_weight.chunk(3)
+        b_q, b_k, b_v = self.in_proj_bias.chunk(3)
+        h = self.num_heads
+        q = torch.einsum("bnd,ed->bne", query, w_q) + b_q
+        k = torch.einsum("bnd,ed->bne", key, w_k) + b_k
+        v = torch.einsum("bnd,ed->bne", value, w_v) + b_v
+        q, k, v = (t.unflatten(-1, (h, -1)) for t in (q, k, v))  # (B, n, h, d_head)
+        scores = torch.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(q.size(-1))
+        if mask is not None:
+            scores = scores.masked_fill(
+                ~mask[:, None] if mask.dim() == 3 else ~mask, -1e30
+            )
+        weights = scores.softmax(-1)
+        out = torch.einsum("bhqk,bkhd->bqhd", weights, v).flatten(2)
+        return self.out_proj(out), weights
+
+
+def _layer_norm(t, norm):
+    return F.layer_norm(t, t.shape[-1:], norm.weight, norm.bias, norm.eps)
+
+
+class _FFNFunctional(nn.Module):
+    def __init__(self, d_model, d_ff, dropout=0.0):
+        super().__init__()
+        self.linear1 = nn.Linear(d_model, d_ff)
+        self.linear2 = nn.Linear(d_ff, d_model)
+
+    def forward(self, x):
+        hidden = F.linear(x, self.linear1.weight, self.linear1.bias).clamp_min(0.0)
+        return F.linear(hidden, self.linear2.weight, self.linear2.bias)
+
+
+class _SublayerByHand(nn.Module):
+    def __init__(self, d_model, dropout=0.0, norm_first=False):
+        super().__init__()
+        self.norm = nn.LayerNorm(d_model)
+        self.norm_first = norm_first
+
+    def forward(self, x, sublayer):
+        g, b = self.norm.weight.double(), self.norm.bias.double()
+
+        def norm(t):  # in float64, variance by hand
+            t = t.double()
+            centred = t - t.mean(-1, keepdim=True)
+            return (
+                g * centred / torch.sqrt(centred.pow(2).mean(-1, keepdim=True) + 1e-5)
+                + b
+            )
+
+        if self.norm_first:
+            return (x.double() + sublayer(norm(x).float()).double()).float()
+        return norm(x + sublayer(x)).float()
+
+
+class _EncoderLayerInline(nn.Module):
+    """Residuals and norms written inline, own attention; weights copied by name."""
+
+    def __init__(self, d_model, num_heads, d_ff, dropout=0.0, norm_first=False):
+        super().__init__()
+        self.self_attn = _OwnMHA(d_model, num_heads)
+        self.feed_forward = _FFNFunctional(d_model, d_ff)
+        self.sublayers = nn.ModuleList(
+            [_SublayerByHand(d_model, norm_first=norm_first) for _ in range(2)]
+        )
+        self.norm_first = norm_first
+
+    def forward(self, x, mask=None):
+        n1, n2 = (s.norm for s in self.sublayers)
+        if self.norm_first:
+            y = _layer_norm(x, n1)
+            x = x + self.self_attn(y, y, y, mask)[0]
+            return x + self.feed_forward(_layer_norm(x, n2))
+        x = _layer_norm(x + self.self_attn(x, x, x, mask)[0], n1)
+        return _layer_norm(x + self.feed_forward(x), n2)
+
+    def load_torch_weights(self, layer):
+        mapping = {
+            "self_attn.": "self_attn.",
+            "feed_forward.linear1.": "linear1.",
+            "feed_forward.linear2.": "linear2.",
+            "sublayers.0.norm.": "norm1.",
+            "sublayers.1.norm.": "norm2.",
+        }
+        theirs = layer.state_dict()
+        state = {}
+        for name in self.state_dict():
+            for ours, torch_name in mapping.items():
+                if name.startswith(ours):
+                    state[name] = theirs[torch_name + name[len(ours) :]]
+        self.load_state_dict(state)
+
+
+class _DecoderLayerInline(nn.Module):
+    def __init__(self, d_model, num_heads, d_ff, dropout=0.0, norm_first=False):
+        super().__init__()
+        self.self_attn = _OwnMHA(d_model, num_heads)
+        self.cross_attn = _OwnMHA(d_model, num_heads)
+        self.feed_forward = _FFNFunctional(d_model, d_ff)
+        self.sublayers = nn.ModuleList(
+            [_SublayerByHand(d_model, norm_first=norm_first) for _ in range(3)]
+        )
+
+    def forward(self, x, memory, tgt_mask=None, memory_mask=None):
+        m = x.size(1)
+        causal = torch.arange(m)[:, None] >= torch.arange(m)[None, :]
+        self_mask = causal if tgt_mask is None else torch.logical_and(causal, tgt_mask)
+        blocks = [
+            lambda y: self.self_attn(y, y, y, self_mask)[0],
+            lambda y: self.cross_attn(y, memory, memory, memory_mask)[0],
+            self.feed_forward,
+        ]
+        for connection, block in zip(self.sublayers, blocks, strict=True):
+            x = connection(x, block)
+        return x
+
+
+class _EncoderWithReduce(nn.Module):
+    def __init__(
+        self, d_model, num_heads, d_ff, num_layers, dropout=0.0, norm_first=False
+    ):
+        super().__init__()
+        self.layers = nn.ModuleList(
+            _EncoderLayerInline(d_model, num_heads, d_ff, norm_first=norm_first)
+            for _ in range(num_layers)
+        )
+        if norm_first:
+            self.norm = nn.LayerNorm(d_model)
+
+    def forward(self, x, mask=None):
+        import functools
+
+        x = functools.reduce(lambda h, layer: layer(h, mask), self.layers, x)
+        return self.norm(x) if hasattr(self, "norm") else x
+
+
+class _DecoderIndexed(nn.Module):
+    def __init__(
+        self, d_model, num_heads, d_ff, num_layers, dropout=0.0, norm_first=False
+    ):
+        super().__init__()
+        self.layers = nn.ModuleList(
+            _DecoderLayerInline(d_model, num_heads, d_ff, norm_first=norm_first)
+            for _ in range(num_layers)
+        )
+        self.norm = nn.LayerNorm(d_model) if norm_first else nn.Identity()
+
+    def forward(self, x, memory, tgt_mask=None, memory_mask=None):
+        for i in range(len(self.layers)):
+            x = self.layers[i](x, memory, tgt_mask=tgt_mask, memory_mask=memory_mask)
+        return self.norm(x)
+
+
+class _TransformerOwnStyle(nn.Module):
+    """Positions computed on the fly (no buffer), F.embedding, greedy decoding into a
+    preallocated tensor."""
+
+    def __init__(self, src_vocab, tgt_vocab, d_model, num_heads, d_ff, num_layers,
+                 dropout=0.0, norm_first=False, max_len=256):  # fmt: skip
+        super().__init__()
+        self.d_model = d_model
+        self.src_embed = nn.Embedding(src_vocab, d_model)
+        self.tgt_embed = nn.Embedding(tgt_vocab, d_model)
+        self.encoder = _EncoderWithReduce(
+            d_model, num_heads, d_ff, num_layers, 0.0, norm_first
+        )
+        self.decoder = _DecoderIndexed(
+            d_model, num_heads, d_ff, num_layers, 0.0, norm_first
+        )
+        self.out_proj = nn.Linear(d_model, tgt_vocab)
+
+    def _embed(self, tokens, table):
+        n, d = tokens.size(1), self.d_model
+        position = torch.arange(n, dtype=torch.float64)[:, None]
+        frequency = torch.exp(-math.log(10000.0) * torch.arange(0, d, 2) / d)
+        pe = torch.stack(
+            [torch.sin(position * frequency), torch.cos(position * frequency)], dim=-1
+        ).flatten(1)[:, :d]
+        return F.embedding(tokens, table.weight) * d**0.5 + pe.float()
+
+    def encode(self, src, src_mask=None):
+        return self.encoder(self._embed(src, self.src_embed), src_mask)
+
+    def decode(self, tgt, memory, src_mask=None, tgt_mask=None):
+        y = self.decoder(self._embed(tgt, self.tgt_embed), memory, tgt_mask, src_mask)
+        return self.out_proj(y)
+
+    def forward(self, src, tgt, src_mask=None, tgt_mask=None):
+        return self.decode(tgt, self.encode(src, src_mask), src_mask, tgt_mask)
+
+    def greedy_decode(self, src, max_len, bos, src_mask=None):
+        memory = self.encode(src, src_mask)
+        tokens = torch.empty(src.size(0), max_len + 1, dtype=torch.long)
+        tokens[:, 0] = bos
+        for t in range(max_len):
+            logits = self.decode(tokens[:, : t + 1], memory, src_mask)
+            tokens[:, t + 1] = logits[:, t].argmax(-1)
+        return tokens[:, 1:]
+
+
+INDEPENDENT_CORRECT_ANSWERS = {
+    "PositionwiseFeedForward": [_FFNFunctional],
+    "SublayerConnection": [_SublayerByHand],
+    "EncoderLayer": [_EncoderLayerInline],
+    "DecoderLayer": [_DecoderLayerInline],
+    "Encoder": [_EncoderWithReduce],
+    "Decoder": [_DecoderIndexed],
+    "Transformer": [_TransformerOwnStyle],
+}
+
+
+@pytest.mark.parametrize(
+    "exercise, right",
+    [(e, r) for e, answers in INDEPENDENT_CORRECT_ANSWERS.items() for r in answers],
+    ids=lambda x: getattr(x, "__name__", x),
+)
+@pytest.mark.parametrize("seed", SEEDS)
+def test_independent_correct_answers_pass(exercise, right, seed):
+    tests = load_chapter_tests(CHAPTER)
+    selected = [t for t in tests.tests if t.exercise == exercise]
+    for test_id, v in verdicts(
+        tests, {**vars(tr), exercise: right}, seed, selected
+    ).items():
+        assert v.passed, f"{right.__name__} fails {test_id}: {v.message}"
