@@ -9,13 +9,16 @@ For each chapter that has hidden tests:
 2. ``nbgrader generate_assignment`` makes the *student* notebook
    ``autograder/release/<ch>/<ch>.ipynb`` from it.
 
-``check()`` builds into a temporary course and reports committed files that are stale.
+The student notebook's first code cell sets it up on Colab (``colab_setup_cell``) and does
+nothing elsewhere. ``check()`` builds into a temporary course and reports committed files
+that are stale.
 """
 
 from __future__ import annotations
 
 import ast
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -87,6 +90,53 @@ def _inline_course_utils(source: str) -> str:
     return "\n".join(lines)
 
 
+def _pins() -> dict[str, str]:
+    """``{module: "name==version"}`` for every package pinned in requirements.txt."""
+    pins = {}
+    for line in (paths.REPO / "requirements.txt").read_text().splitlines():
+        pin = line.split("#")[0].strip()
+        if "==" in pin:
+            pins[pin.split("==")[0].strip().lower().replace("-", "_")] = pin
+    return pins
+
+
+COLAB_SETUP = """\
+# @title Set-up on Colab: run this cell first (elsewhere it does nothing)
+# Colab comes with PyTorch, matplotlib and tqdm; this installs only what is missing, at
+# the versions the course pins (requirements.txt in the course repository).
+import importlib.util
+import subprocess
+import sys
+
+if "google.colab" in sys.modules:
+    pins = {PINS}
+    missing = [
+        pin for module, pin in pins.items() if not importlib.util.find_spec(module)
+    ]
+    if missing:
+        subprocess.run(
+            [sys.executable, "-m", "pip", "install", "-q", *missing], check=True
+        )"""
+
+
+def colab_setup_cell(cells):
+    """The first code cell of a student notebook: on Colab, install what the notebook imports
+    and Colab lacks, at the versions pinned in requirements.txt; elsewhere, nothing."""
+    code = "\n".join(c.source for c in cells if c.cell_type == "code")
+    imported = set(re.findall(r"^\s*(?:import|from)\s+([A-Za-z_]\w*)", code, re.M))
+    pins = "".join(
+        f'\n        "{module}": "{pin}",'
+        for module, pin in sorted(_pins().items())
+        if module in imported
+    )
+    cell = nbformat.v4.new_code_cell(
+        COLAB_SETUP.replace("{PINS}", "{" + pins + ("\n    }" if pins else "}"))
+    )
+    cell.metadata.update(_nbgrader("colab_setup", locked=True))
+    cell.metadata["cellView"] = "form"  # folded in Colab, under its title
+    return cell
+
+
 def hidden_test_cell(chapter: str, test: HiddenTest):
     source = "\n".join(
         [
@@ -156,6 +206,8 @@ def source_notebook(chapter: str, tests: ChapterTests):
         raise BuildError(
             f"{chapter}: hidden tests name exercises no exercise cell defines: {sorted(undefined)}"
         )
+    first_code = next(i for i, c in enumerate(cells) if c.cell_type == "code")
+    cells.insert(first_code, colab_setup_cell(cells))
     for i, cell in enumerate(cells):
         grade_id = cell.metadata.get("nbgrader", {}).get("grade_id")
         cell.id = grade_id.replace("_", "-") if grade_id else f"cell-{i:03d}"

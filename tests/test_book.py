@@ -1,20 +1,52 @@
-"""The book builds with warnings as errors, executing every chapter, and shows what it should."""
+"""The book builds with warnings as errors, executing every chapter, and reads well in a browser.
+
+The book is built once per test session, into a temporary folder; the browser tests open
+its pages in headless Chromium (``tests/browser.py``), served from 127.0.0.1 with every other
+host unreachable, and write a screenshot of each page to ``<build>/_build/screenshots/``.
+"""
 
 import re
 import subprocess
 import sys
 from pathlib import Path
+from urllib.parse import unquote, urldefrag, urlparse
 
 import pytest
+import yaml
 
 from autograder.paths import REPO, chapter_ids
+from tests.browser import Browser, Site
 from tests.conftest import CHAPTERS
 
 pytestmark = pytest.mark.slow
 
+CONFIG = yaml.safe_load((REPO / "_config.yml").read_text())
+ROOT = yaml.safe_load((REPO / "_toc.yml").read_text())["root"]  # the landing page
+REPOSITORY = CONFIG["repository"]["url"]
+# Papers the chapters rely on: each is in references.bib and cited on the landing page.
+PAPERS = {
+    "sutskever2014sequence": "Sutskever",
+    "cho2014learning": "Cho",
+    "bahdanau2015neural": "Bahdanau",
+    "luong2015effective": "Luong",
+    "vaswani2017attention": "Vaswani",
+    "shaw2018self": "Shaw",
+    "su2021roformer": "Su",
+    "press2022train": "Press",
+    "raffel2020exploring": "Raffel",
+    "rabe2021self": "Rabe",
+    "dao2022flashattention": "Dao",
+    "katharopoulos2020transformers": "Katharopoulos",
+    "choromanski2021rethinking": "Choromanski",
+    "wang2020linformer": "Wang",
+    "beltagy2020longformer": "Beltagy",
+    "ainslie2023gqa": "Ainslie",
+}
 
-@pytest.fixture(scope="module")
+
+@pytest.fixture(scope="session")
 def html(tmp_path_factory) -> Path:
+    """The book, built once per session (it executes every chapter: minutes)."""
     out = tmp_path_factory.mktemp("book")
     jb = Path(sys.executable).with_name("jupyter-book")
     run = subprocess.run(
@@ -30,7 +62,7 @@ def html(tmp_path_factory) -> Path:
         ],
         capture_output=True,
         text=True,
-        timeout=900,
+        timeout=1800,
     )
     assert run.returncode == 0, run.stdout[-5000:] + run.stderr[-5000:]
     return out / "_build" / "html"
@@ -38,6 +70,14 @@ def html(tmp_path_factory) -> Path:
 
 def _text(page: str) -> str:
     return re.sub(r"<[^>]+>", "", page)
+
+
+def _toc_pages() -> list[str]:
+    """Every page of the table of contents, as its path in the built book."""
+    toc = (REPO / "_toc.yml").read_text()
+    return [f"{ROOT}.html"] + [
+        f"{name}.html" for name in re.findall(r"file:\s*(\S+)", toc)
+    ]
 
 
 @pytest.mark.parametrize("chapter", chapter_ids())
@@ -64,3 +104,197 @@ def test_citations_resolve_to_the_bibliography(html):
         html / "chapters" / "03_self_attention" / "03_self_attention.html"
     ).read_text()
     assert 'href="../../references.html#id' in page
+
+
+def test_the_landing_page_cites_every_paper_the_course_relies_on(html):
+    bib = (REPO / "references.bib").read_text()
+    intro = (REPO / f"{ROOT}.md").read_text()
+    landing = (html / f"{ROOT}.html").read_text()
+    # a citation is a link to its entry, titled with the entry's text
+    cited = " ".join(
+        re.findall(r'href="references.html#[^"]+" title="([^"]+)"', landing)
+    )
+    for key, author in PAPERS.items():
+        assert re.search(rf"@\w+\{{{key},", bib), (
+            f"{key} is missing from references.bib"
+        )
+        assert f"`{key}`" in intro, (
+            f"the landing page's reading list does not cite {key}"
+        )
+        assert author in cited, f"{author}'s citation on the landing page is not a link"
+
+
+def test_book_is_offline_ready(html):
+    """Scripts and styles come with the book (MathJax too), never from a CDN."""
+    for page in _toc_pages():
+        text = (html / page).read_text()
+        for url in re.findall(r'<(?:script|link)\b[^>]*\b(?:src|href)="([^"]+)"', text):
+            assert not url.startswith(("http:", "https:", "//")), f"{page} loads {url}"
+    assert (html / "_static" / "mathjax" / "tex-chtml-full.js").exists()
+
+
+# In the browser ---------------------------------------------------------------------------
+
+# Run in each page once it has loaded: waits for MathJax and the images, then reports.
+INSPECT = """
+for (const img of document.images) img.loading = "eager";
+if (window.MathJax && MathJax.startup && MathJax.startup.promise) {
+  await MathJax.startup.promise;
+}
+await Promise.all([...document.images].map((img) => img.complete ? null :
+  new Promise((done) => { img.onload = done; img.onerror = done; })));
+const math = [...document.querySelectorAll("main .math")];
+return {
+  mathjax: window.MathJax && MathJax.version ? MathJax.version : null,
+  math: math.length,
+  untypeset: math.filter((m) => !m.querySelector("mjx-container")).length,
+  texErrors: document.querySelectorAll("mjx-merror").length,
+  figures: [...document.querySelectorAll("main img")].map(
+    (img) => ({src: img.src, loaded: img.complete && img.naturalWidth > 0})),
+  links: [...document.querySelectorAll("a[href]")].map((a) => a.href),
+  bar: [...document.querySelectorAll(".course-launch-bar a")].map(
+    (a) => ({text: a.textContent.trim(), href: a.href})),
+  errors: document.querySelectorAll("main .output.traceback, main .output.error").length,
+  text: document.querySelector("main").innerText,
+};
+"""
+
+
+@pytest.fixture(scope="session")
+def site(html):
+    served = Site(html)
+    yield served
+    served.close()
+
+
+@pytest.fixture(scope="session")
+def browser(tmp_path_factory):
+    chromium = Browser(tmp_path_factory.mktemp("chromium-profile"))
+    yield chromium
+    chromium.close()
+
+
+@pytest.fixture(scope="session")
+def visit(html, site, browser):
+    """Open a page of the book (once per session): ``(report, events)``."""
+    seen = {}
+
+    def open_page(page: str):
+        if page not in seen:
+            shot = (
+                html.parent
+                / "screenshots"
+                / page.replace("/", "_").replace(".html", ".png")
+            )
+            seen[page] = browser.visit(site.url + page, INSPECT, shot)
+        return seen[page]
+
+    return open_page
+
+
+def _chapter_page(chapter: str) -> str:
+    return f"chapters/{chapter}/{chapter}.html"
+
+
+@pytest.mark.parametrize("page", _toc_pages())
+def test_page_loads_only_from_the_book_and_its_links_resolve(html, site, visit, page):
+    report, events = visit(page)
+    requested = [
+        e["params"]["request"]["url"]
+        for e in events
+        if e["method"] == "Network.requestWillBeSent"
+    ]
+    outside = [u for u in requested if not u.startswith((site.url, "data:", "blob:"))]
+    assert not outside, f"{page} loads from outside the book: {outside}"
+    failed = [
+        e["params"]["response"]["url"]
+        for e in events
+        if e["method"] == "Network.responseReceived"
+        and e["params"]["response"]["status"] >= 400
+    ]
+    failed += [
+        e["params"].get("errorText", "")
+        for e in events
+        if e["method"] == "Network.loadingFailed"
+    ]
+    assert not failed, f"{page}: requests failed: {failed}"
+    thrown = [
+        e["params"]["exceptionDetails"]
+        for e in events
+        if e["method"] == "Runtime.exceptionThrown"
+    ]
+    assert not thrown, f"{page}: JavaScript errors: {thrown}"
+    for link in report["links"]:
+        if not link.startswith(site.url):
+            continue
+        url, fragment = urldefrag(link)
+        path = html / unquote(urlparse(url).path).lstrip("/")
+        if path.is_dir():
+            path = path / "index.html"
+        assert path.exists(), f"{page}: broken link {link}"
+        if fragment and path.suffix == ".html":
+            assert f'id="{unquote(fragment)}"' in path.read_text(), (
+                f"{page}: link to a missing anchor {link}"
+            )
+    assert not report["errors"], f"{page} shows an error output"
+    assert "Traceback (most recent call last)" not in report["text"]
+    assert all(f["loaded"] for f in report["figures"]), (
+        f"{page}: images that do not load: "
+        f"{[f['src'] for f in report['figures'] if not f['loaded']]}"
+    )
+
+
+@pytest.mark.parametrize("chapter", chapter_ids())
+def test_chapter_page_reads_well_in_a_browser(visit, chapter):
+    report, _ = visit(_chapter_page(chapter))
+    assert report["mathjax"] == "3.2.2", "MathJax (served with the book) did not load"
+    assert report["math"] > 0 and report["untypeset"] == 0, (
+        f"{report['untypeset']} of {report['math']} formulas were not typeset"
+    )
+    assert report["texErrors"] == 0, "MathJax reports a TeX error"
+    figures = [f for f in report["figures"] if "/_images/" in f["src"]]
+    assert len(figures) >= 2 and all(f["loaded"] for f in figures)
+
+
+@pytest.mark.parametrize("chapter", chapter_ids())
+def test_launch_links_open_the_chapters_student_notebook(html, visit, chapter):
+    report, _ = visit(_chapter_page(chapter))
+    notebook = f"autograder/release/{chapter}/{chapter}.ipynb"
+    assert (REPO / notebook).exists()
+    bar = {link["text"]: link["href"] for link in report["bar"]}
+    org_repo = urlparse(REPOSITORY).path.strip("/")
+    assert bar["Open in Colab"] == (
+        f"https://colab.research.google.com/github/{org_repo}/blob/"
+        f"{CONFIG['repository']['branch']}/{notebook}"
+    )
+    assert bar["Launch on Binder"].endswith(f"?urlpath=lab/tree/{notebook}")
+    download = bar["Download the student notebook"]
+    copied = html / unquote(urlparse(download).path).lstrip("/")
+    assert copied.read_bytes() == (REPO / notebook).read_bytes()
+    # the theme's launch buttons (Binder, JupyterHub, Colab) open the same notebook
+    launch = [
+        link
+        for link in report["links"]
+        if any(
+            host in link
+            for host in (
+                "colab.research",
+                "mybinder",
+                CONFIG["launch_buttons"]["jupyterhub_url"],
+            )
+        )
+    ]
+    assert len(launch) >= 5 and all(notebook in link for link in launch), launch
+
+
+def test_search_finds_the_chapters(site, browser):
+    wait_for_results = """
+    for (let i = 0; i < 600; i++) {
+      const hits = document.querySelectorAll("#search-results li a");
+      if (hits.length) return [...hits].map((a) => a.getAttribute("href"));
+      await new Promise((done) => setTimeout(done, 100));
+    }
+    return [];
+    """
+    hits, _ = browser.visit(site.url + "search.html?q=softmax", wait_for_results)
+    assert any("chapters/01_bottleneck" in h for h in hits), hits

@@ -1,0 +1,212 @@
+"""The course's additions to Jupyter Book (a Sphinx extension registered in ``_config.yml``).
+
+1. Every chapter page (docname ``chapters/NN_name/NN_name``) gets a bar under its title:
+   *Open in Colab*, *Launch on Binder* and *Download the student notebook*. All three lead
+   to the student notebook ``autograder/release/NN_name/NN_name.ipynb``, not to the page's
+   MyST source (which Colab cannot open and which imports the reference answers). The
+   notebook is copied into the built book, so the download works offline.
+2. Jupyter Book's own launch buttons (Binder, JupyterHub, Colab) and its ``.ipynb`` download
+   button are pointed at the same student notebook.
+3. MathJax is served with the book, from the ``django-static-mathjax`` package (MathJax
+   3.2.2), instead of from a CDN: the book reads well offline.
+
+Every link is derived from ``repository.url`` and ``repository.branch`` in ``_config.yml``
+and from its ``launch_buttons`` section.
+"""
+
+from __future__ import annotations
+
+import html
+import re
+import shutil
+from importlib import resources
+from pathlib import Path
+
+from docutils import nodes
+from sphinx.application import Sphinx
+from sphinx.errors import ExtensionError
+from sphinx.util import logging
+
+logger = logging.getLogger(__name__)
+
+CHAPTER_PAGE = re.compile(r"^chapters/(\d\d_[a-z0-9_]+)/\1$")
+STATIC = Path(__file__).resolve().parents[1] / "_static"
+NOTEBOOKS = "_static/notebooks"  # where the student notebooks are copied in the build
+# What the pages need of MathJax: one combined file with every TeX package, its fonts, and
+# what the accessibility menu loads on demand (paths inside MathJax's es5/ folder).
+MATHJAX_BUNDLE = "tex-chtml-full.js"
+MATHJAX_PARTS = [MATHJAX_BUNDLE, "output/chtml/fonts/woff-v2", "a11y", "sre", "ui"]
+
+
+def chapter_of(docname: str) -> str | None:
+    """``chapters/03_self_attention/03_self_attention`` -> ``03_self_attention``."""
+    match = CHAPTER_PAGE.match(docname)
+    return match.group(1) if match else None
+
+
+def student_notebook(chapter: str) -> str:
+    """The student notebook's path in the repository."""
+    return f"autograder/release/{chapter}/{chapter}.ipynb"
+
+
+def _repository(app: Sphinx) -> tuple[str, str, str]:
+    """(org, repo, branch) from ``repository:`` in ``_config.yml``."""
+    options = app.config.html_theme_options
+    url = options.get("repository_url", "").rstrip("/")
+    match = re.fullmatch(r"https://github\.com/([^/]+)/([^/]+?)(\.git)?", url)
+    if not match:
+        raise ExtensionError(
+            f"repository.url in _config.yml must be a GitHub repository, got {url!r}"
+        )
+    return match.group(1), match.group(2), options.get("repository_branch", "main")
+
+
+def launch_links(app: Sphinx, chapter: str) -> dict[str, str]:
+    """Absolute links that open the chapter's student notebook, by service."""
+    org, repo, branch = _repository(app)
+    buttons = app.config.html_theme_options.get("launch_buttons", {})
+    path = student_notebook(chapter)
+    ui = "lab/tree" if buttons.get("notebook_interface") == "jupyterlab" else "tree"
+    links = {}
+    colab = buttons.get("colab_url", "").rstrip("/")
+    if colab:
+        links["colab"] = f"{colab}/github/{org}/{repo}/blob/{branch}/{path}"
+    binder = buttons.get("binderhub_url", "").rstrip("/")
+    if binder:
+        links["binder"] = f"{binder}/v2/gh/{org}/{repo}/{branch}?urlpath={ui}/{path}"
+    return links
+
+
+def _launch_bar(app: Sphinx, docname: str, chapter: str) -> nodes.raw:
+    up = "../" * docname.count("/")
+    links = launch_links(app, chapter)
+    items = []
+    if "colab" in links:
+        items.append((links["colab"], "Open in Colab", "course-colab"))
+    if "binder" in links:
+        items.append((links["binder"], "Launch on Binder", "course-binder"))
+    items.append(
+        (
+            f"{up}{NOTEBOOKS}/{chapter}.ipynb",
+            "Download the student notebook",
+            "course-download",
+        )
+    )
+    anchors = "\n".join(
+        f'<a class="reference external {cls}" href="{html.escape(href)}"'
+        f"{' download' if cls == 'course-download' else ''}>{text}</a>"
+        for href, text, cls in items
+    )
+    text = (
+        '<div class="course-launch-bar">\n'
+        f'<span class="course-launch-label">Work through this chapter in its student notebook '
+        f"(<code>{chapter}.ipynb</code>):</span>\n{anchors}\n</div>"
+    )
+    return nodes.raw("", text, format="html")
+
+
+def add_launch_bar(app: Sphinx, doctree: nodes.document, docname: str) -> None:
+    """``doctree-resolved``: put the launch bar right under a chapter page's title."""
+    chapter = chapter_of(docname)
+    if chapter is None or app.builder.format != "html":
+        return
+    if not (app.srcdir / student_notebook(chapter)).exists():
+        logger.warning(
+            f"{docname}: no student notebook {student_notebook(chapter)}; "
+            "run `python -m autograder build`",
+            location=docname,
+        )
+        return
+    section = next(iter(doctree.findall(nodes.section)), None)
+    if section is None:
+        return
+    title = next(iter(section.findall(nodes.title)), None)
+    section.insert(
+        section.index(title) + 1 if title else 0, _launch_bar(app, docname, chapter)
+    )
+
+
+def point_buttons_at_student_notebook(app, pagename, templatename, context, doctree):
+    """``html-page-context``, after the theme's handlers: the header's launch buttons and
+    its ``.ipynb`` download open the student notebook instead of the page's source; pages
+    that are not chapters get no launch buttons."""
+    chapter = chapter_of(pagename)
+    buttons = context.get("header_buttons", [])
+    if chapter is None:  # only chapters have a notebook to launch
+        buttons[:] = [g for g in buttons if g.get("label") != "launch-buttons"]
+        return
+    source = f"{pagename}.md"
+    for group in buttons:
+        for button in group.get("buttons", []):
+            if group.get("label") == "launch-buttons":
+                if source not in button.get("url", ""):
+                    raise ExtensionError(
+                        f"{pagename}: cannot point the launch button {button.get('text')} "
+                        f"at the student notebook (its link has changed form: {button.get('url')})"
+                    )
+                button["url"] = button["url"].replace(source, student_notebook(chapter))
+            elif button.get("label") == "download-notebook-button":
+                button["url"] = context["pathto"](f"{NOTEBOOKS}/{chapter}.ipynb", 1)
+                button["tooltip"] = "Download the student notebook"
+
+
+def drop_duplicate_scripts(app, pagename, templatename, context, doctree):
+    """``html-page-context``: Jupyter Book registers some inline scripts twice (sphinx-thebe's
+    ``const THEBE_JS_URL = ...``, a SyntaxError the second time); keep each script once."""
+    seen, unique = set(), []
+    for script in context.get("script_files", []):
+        key = (script.filename or "", tuple(sorted(script.attributes.items())))
+        if key not in seen:
+            seen.add(key)
+            unique.append(script)
+    context["script_files"] = unique
+
+
+def _mathjax_dir() -> Path:
+    try:
+        root = resources.files("mathjax")
+    except ModuleNotFoundError:
+        raise ExtensionError(
+            "MathJax is served with the book from the django-static-mathjax package: "
+            "`python -m pip install -r requirements.txt`"
+        ) from None
+    return Path(str(root)) / "static" / "mathjax" / "es5"
+
+
+def use_local_mathjax(app: Sphinx, config) -> None:
+    """``config-inited``: load MathJax from the book's ``_static``, not from a CDN."""
+    config.mathjax_path = f"mathjax/{MATHJAX_BUNDLE}"
+    config.html_static_path.append(str(STATIC))
+    _mathjax_dir()  # fail early, with a message, when the package is missing
+
+
+def copy_files(app: Sphinx, exception) -> None:
+    """``build-finished``: MathJax and the student notebooks go into the built book."""
+    if exception is not None or app.builder.format != "html":
+        return
+    static = Path(app.outdir) / "_static"
+    mathjax = _mathjax_dir()
+    for part in MATHJAX_PARTS:
+        source, target = mathjax / part, static / "mathjax" / part
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if source.is_dir():
+            shutil.copytree(source, target, dirs_exist_ok=True)
+        else:
+            shutil.copy2(source, target)
+    notebooks = Path(app.outdir) / NOTEBOOKS
+    notebooks.mkdir(parents=True, exist_ok=True)
+    for docname in app.env.found_docs:
+        chapter = chapter_of(docname)
+        if chapter and (app.srcdir / student_notebook(chapter)).exists():
+            shutil.copy2(app.srcdir / student_notebook(chapter), notebooks)
+
+
+def setup(app: Sphinx) -> dict:
+    app.connect("config-inited", use_local_mathjax)
+    app.connect("doctree-resolved", add_launch_bar)
+    # after sphinx-book-theme's header buttons (priority 501)
+    app.connect("html-page-context", point_buttons_at_student_notebook, priority=502)
+    app.connect("html-page-context", drop_duplicate_scripts)
+    app.connect("build-finished", copy_files)
+    app.add_css_file("course.css")
+    return {"parallel_read_safe": True, "parallel_write_safe": True}
