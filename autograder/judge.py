@@ -149,9 +149,12 @@ def judge(
 
 def _recognise_mistake(tests, test, plans, expected, got, tol) -> str | None:
     """Name a known mistake whose outputs equal the student's wherever it differs from the reference."""
+    # the reference's namespace, for the notebook functions a plan passes as arguments
+    reference = vars(tests.reference())
     for mistake in tests.mistakes_for(test.exercise):
         wrong = probe.run(
-            {test.exercise: mistake.impl}, [{"exercise": test.exercise, "calls": plans}]
+            {**reference, test.exercise: mistake.impl},
+            [{"exercise": test.exercise, "calls": plans}],
         )[0]
         telling = [
             i

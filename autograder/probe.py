@@ -8,6 +8,7 @@ tensors, numbers, strings, lists and dicts only, or ``{"error": "..."}``.
 """
 
 import copy
+import functools
 
 import torch
 
@@ -54,8 +55,18 @@ def _describe(exc):
     return text if len(text) <= _MAX_MESSAGE else text[: _MAX_MESSAGE - 3] + "..."
 
 
-def _materialise(value):
-    """Plain data to call arguments: ``{"torch.nn": ...}`` entries become PyTorch layers."""
+def _materialise(value, namespace):
+    """Plain data to call arguments: ``{"torch.nn": ...}`` entries become PyTorch layers,
+    ``{"notebook": name, "kwargs": ...}`` entries the namespace's own function ``name`` with
+    those keyword arguments bound (the student's, or the reference's in the grader)."""
+    if isinstance(value, dict) and "notebook" in value:
+        function = namespace.get(value["notebook"])
+        if not callable(function):
+            raise _Missing(
+                f"this test passes your `{value['notebook']}` as an argument, "
+                "but the notebook does not define it"
+            )
+        return functools.partial(function, **_materialise(value["kwargs"], namespace))
     if isinstance(value, dict) and "torch.nn" in value:
         name = value["torch.nn"]
         if name not in _TORCH_LAYERS:
@@ -65,9 +76,9 @@ def _materialise(value):
             layer.load_state_dict(value["state"])
         return layer.eval()
     if isinstance(value, list):
-        return [_materialise(v) for v in value]
+        return [_materialise(v, namespace) for v in value]
     if isinstance(value, dict):
-        return {k: _materialise(v) for k, v in value.items()}
+        return {k: _materialise(v, namespace) for k, v in value.items()}
     return value
 
 
@@ -79,8 +90,8 @@ def call(namespace, exercise, plan, watch=None, test_plan=None):
             f"the notebook does not define `{exercise}` (was it renamed or its cell not run?)"
         )
     # a copy per call: a student may modify inputs in place
-    args = _materialise(copy.deepcopy(plan["args"]))
-    kwargs = _materialise(copy.deepcopy(plan["kwargs"]))
+    args = _materialise(copy.deepcopy(plan["args"]), namespace)
+    kwargs = _materialise(copy.deepcopy(plan["kwargs"]), namespace)
     with torch.no_grad():
         if plan["init"] is None:
             return target(*args, **kwargs)
@@ -89,7 +100,7 @@ def call(namespace, exercise, plan, watch=None, test_plan=None):
         if plan["state"] is not None:
             _load_state(module, plan["state"], exercise)
         for name, setup_args in plan.get("setup") or []:
-            getattr(module, name)(*_materialise(copy.deepcopy(setup_args)))
+            getattr(module, name)(*_materialise(copy.deepcopy(setup_args), namespace))
         if watch is not None:
             watch.modules(module, test_plan.get("watch_modules") or ())
         module.eval()

@@ -98,6 +98,14 @@ def torch_layer(
     }
 
 
+def notebook_function(name: str, **kwargs: Any) -> dict:
+    """One of the notebook's own functions as a call argument, with ``kwargs`` bound:
+    ``attend(q, k, v, score_fn=notebook_function("general_score", W=W))`` calls the
+    student's ``attend`` with the student's ``general_score`` (and the reference's with the
+    reference's). Plans stay plain data: the function is looked up where the call is made."""
+    return {"notebook": name, "kwargs": dict(kwargs)}
+
+
 @dataclass
 class HiddenTest:
     id: str  # unique across the course; also the nbgrader grade_id

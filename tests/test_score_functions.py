@@ -326,6 +326,19 @@ def _attend_renormalised_after(query, keys, values, score_fn=None, mask=None):
     return torch.einsum("bn,bnv->bv", weights, values), weights
 
 
+def _attend_only_default_scores(query, keys, values, score_fn=None, mask=None):
+    """Takes score_fn but always scores with q k^T / sqrt(d)."""
+    scores = torch.einsum("bd,bnd->bn", query, keys) / query.size(-1) ** 0.5
+    weights = sf.masked_softmax(scores, mask)
+    return torch.einsum("bn,bnv->bv", weights, values), weights
+
+
+def _attend_score_fn_on_values(query, keys, values, score_fn=None, mask=None):
+    """Scores the query against the values instead of the keys (equal when d_v = d_k)."""
+    weights = sf.masked_softmax((score_fn or sf.scaled_dot_score)(query, values), mask)
+    return torch.einsum("bn,bnv->bv", weights, values), weights
+
+
 INDEPENDENT_WRONG_ANSWERS = {
     "dot_score": {
         _dot_keepdim: ["sf_dot_score"],
@@ -359,6 +372,12 @@ INDEPENDENT_WRONG_ANSWERS = {
         _attend_keepdim: ["sf_attend_basic", "sf_attend_masked"],
         _attend_mean_not_weighted: ["sf_attend_basic", "sf_attend_masked"],
         _attend_renormalised_after: ["sf_attend_masked"],
+        _attend_only_default_scores: ["sf_attend_score_fn"],
+        _attend_score_fn_on_values: [
+            "sf_attend_basic",
+            "sf_attend_masked",
+            "sf_attend_score_fn",
+        ],
     },
 }
 
@@ -454,7 +473,10 @@ def _attend_einsum(query, keys, values, score_fn=None, mask=None):
 
 
 def _attend_float64(query, keys, values, score_fn=None, mask=None):
-    return sf.attend(query.double(), keys.double(), values.double(), score_fn, mask)
+    """The given score function on the given inputs; softmax and average in float64."""
+    scores = (score_fn or sf.scaled_dot_score)(query, keys).double()  # (B, n)
+    weights = sf.masked_softmax(scores, mask)
+    return (weights.unsqueeze(1) @ values.double()).squeeze(1), weights
 
 
 INDEPENDENT_CORRECT_ANSWERS = {

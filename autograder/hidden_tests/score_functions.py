@@ -9,7 +9,7 @@ import math
 
 import torch
 
-from autograder.spec import HiddenTest, Mistake, case
+from autograder.spec import HiddenTest, Mistake, case, notebook_function
 from solutions import score_functions as ref
 
 
@@ -205,6 +205,28 @@ def _attend_masked_cases(g):
     ]
 
 
+def _attend_score_fn_cases(g):
+    """attend with the notebook's own score functions passed in: dot (unscaled, and with
+    d = 64 far from the scaled default) and general with its W bound."""
+    return [
+        case(
+            _randn(g, 3, 64),
+            _randn(g, 3, 5, 64),
+            _randn(g, 3, 5, 4),
+            notebook_function("dot_score"),
+            label="score_fn=dot_score, d = 64",
+        ),
+        case(
+            _randn(g, 2, 6),
+            _randn(g, 2, 7, 4),
+            _randn(g, 2, 7, 3),
+            score_fn=notebook_function("general_score", W=_randn(g, 6, 4)),
+            mask=_random_mask(g, 2, 7),
+            label="score_fn=partial(general_score, W=W) with d_q != d_k, and a mask",
+        ),
+    ]
+
+
 # ------------------------------------------------------------------------------- tests
 
 TESTS = [
@@ -267,6 +289,15 @@ TESTS = [
         points=2,
         description="context (B, d_v) and weights (B, n) of scaled dot-product attention when score_fn is None",
         make_cases=_attend_basic_cases,
+        outputs=("context", "weights"),
+        forbidden=("sdpa",),
+    ),
+    HiddenTest(
+        id="sf_attend_score_fn",
+        exercise="attend",
+        points=2,
+        description="attend scores with the score_fn it is given (your dot_score; your general_score with W bound)",
+        make_cases=_attend_score_fn_cases,
         outputs=("context", "weights"),
         forbidden=("sdpa",),
     ),
@@ -648,6 +679,12 @@ MISTAKES = [
         "unscaled default",
         "with score_fn=None your scores look unscaled: the default is scaled_dot_score.",
         _attend(forced_score=ref.dot_score),
+    ),
+    Mistake(
+        "attend",
+        "score_fn ignored",
+        "your attend scores with scaled dot products whatever score_fn it is given: call score_fn(query, keys) when it is not None.",
+        _attend(forced_score=ref.scaled_dot_score),
     ),
     Mistake(
         "attend",
