@@ -5,7 +5,7 @@ import torch.nn.functional as F
 from autograder.delegation import FEATURES, static_uses
 from autograder.spec import load_chapter_tests
 from solutions import self_attention as sa
-from tests.test_hidden_tests import verdicts
+from tests.answers import verdicts
 
 OWN = """
 import math, torch

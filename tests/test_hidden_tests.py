@@ -6,23 +6,17 @@ import math
 import pytest
 import torch
 
-from autograder import probe
-from autograder.judge import judge
-from autograder.prepare import prepare
 from autograder.spec import load_chapter_tests
 from solutions import self_attention as sa
+from tests.answers import (
+    SEEDS,
+    assert_right_answer_passes,
+    assert_wrong_answer_fails,
+    right_answers,
+    verdicts,
+    wrong_answers,
+)
 from tests.conftest import CHAPTERS
-
-SEEDS = [0, 1, 2]
-
-
-def verdicts(tests, namespace, seed=0, selected=None):
-    """Judge what ``namespace`` (exercise name -> implementation) returns on every hidden test."""
-    out = {}
-    for p in prepare(tests, selected or tests.tests, seed):
-        got = probe.run(namespace, [p.probe_plan])[0]
-        out[p.test.id] = judge(tests, p.test, p.cases, p.plans, p.expected, got)
-    return out
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -175,21 +169,10 @@ INDEPENDENT_WRONG_ANSWERS = {
 
 
 @pytest.mark.parametrize(
-    "exercise, wrong, test_ids",
-    [
-        (e, w, ids)
-        for e, answers in INDEPENDENT_WRONG_ANSWERS.items()
-        for w, ids in answers.items()
-    ],
-    ids=lambda x: getattr(x, "__name__", None) if callable(x) else None,
+    "exercise, wrong, test_ids", wrong_answers(INDEPENDENT_WRONG_ANSWERS)
 )
 def test_independent_wrong_answers_fail(exercise, wrong, test_ids):
-    tests = load_chapter_tests("03_self_attention")
-    results = verdicts(
-        tests, {**vars(sa), exercise: wrong}, 0, [tests.test(i) for i in test_ids]
-    )
-    for test_id, v in results.items():
-        assert not v.passed, f"{wrong.__name__} passes {test_id}"
+    assert_wrong_answer_fails("03_self_attention", sa, exercise, wrong, test_ids)
 
 
 class _SelfAttentionWithScaleBuffer(sa.SelfAttention):
@@ -290,19 +273,10 @@ INDEPENDENT_CORRECT_ANSWERS = {
 }
 
 
-@pytest.mark.parametrize(
-    "exercise, right",
-    [(e, r) for e, answers in INDEPENDENT_CORRECT_ANSWERS.items() for r in answers],
-    ids=lambda x: getattr(x, "__name__", x),
-)
+@pytest.mark.parametrize("exercise, right", right_answers(INDEPENDENT_CORRECT_ANSWERS))
 @pytest.mark.parametrize("seed", SEEDS)
 def test_independent_correct_answers_pass(exercise, right, seed):
-    tests = load_chapter_tests("03_self_attention")
-    selected = [t for t in tests.tests if t.exercise == exercise]
-    for test_id, v in verdicts(
-        tests, {**vars(sa), exercise: right}, seed, selected
-    ).items():
-        assert v.passed, f"{right.__name__} fails {test_id}: {v.message}"
+    assert_right_answer_passes("03_self_attention", sa, exercise, right, seed)
 
 
 def _sdpa_sparse(q, k, v, mask=None):

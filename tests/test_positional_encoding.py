@@ -11,7 +11,14 @@ import torch.nn.functional as F
 
 from autograder.spec import load_chapter_tests
 from solutions import positional_encoding as pe
-from tests.test_hidden_tests import SEEDS, verdicts
+from tests.answers import (
+    SEEDS,
+    assert_right_answer_passes,
+    assert_wrong_answer_fails,
+    right_answers,
+    verdicts,
+    wrong_answers,
+)
 
 CHAPTER = "05_positional_encoding"
 
@@ -355,21 +362,10 @@ INDEPENDENT_WRONG_ANSWERS = {
 
 
 @pytest.mark.parametrize(
-    "exercise, wrong, test_ids",
-    [
-        (e, w, ids)
-        for e, answers in INDEPENDENT_WRONG_ANSWERS.items()
-        for w, ids in answers.items()
-    ],
-    ids=lambda x: getattr(x, "__name__", None) if callable(x) else None,
+    "exercise, wrong, test_ids", wrong_answers(INDEPENDENT_WRONG_ANSWERS)
 )
 def test_independent_wrong_answers_fail(exercise, wrong, test_ids):
-    tests = load_chapter_tests(CHAPTER)
-    results = verdicts(
-        tests, {**vars(pe), exercise: wrong}, 0, [tests.test(i) for i in test_ids]
-    )
-    for test_id, v in results.items():
-        assert not v.passed, f"{wrong.__name__} passes {test_id}"
+    assert_wrong_answer_fails(CHAPTER, pe, exercise, wrong, test_ids)
 
 
 def test_misnamed_learned_table_is_explained():
@@ -476,16 +472,7 @@ INDEPENDENT_CORRECT_ANSWERS = {
 }
 
 
-@pytest.mark.parametrize(
-    "exercise, right",
-    [(e, r) for e, answers in INDEPENDENT_CORRECT_ANSWERS.items() for r in answers],
-    ids=lambda x: getattr(x, "__name__", x),
-)
+@pytest.mark.parametrize("exercise, right", right_answers(INDEPENDENT_CORRECT_ANSWERS))
 @pytest.mark.parametrize("seed", SEEDS)
 def test_independent_correct_answers_pass(exercise, right, seed):
-    tests = load_chapter_tests(CHAPTER)
-    selected = [t for t in tests.tests if t.exercise == exercise]
-    for test_id, v in verdicts(
-        tests, {**vars(pe), exercise: right}, seed, selected
-    ).items():
-        assert v.passed, f"{right.__name__} fails {test_id}: {v.message}"
+    assert_right_answer_passes(CHAPTER, pe, exercise, right, seed)

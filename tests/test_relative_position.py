@@ -10,7 +10,14 @@ from torch.overrides import TorchFunctionMode
 
 from autograder.spec import load_chapter_tests
 from solutions import relative_position as rp
-from tests.test_hidden_tests import SEEDS, verdicts
+from tests.answers import (
+    SEEDS,
+    assert_right_answer_passes,
+    assert_wrong_answer_fails,
+    right_answers,
+    verdicts,
+    wrong_answers,
+)
 
 CHAPTER = "07_relative_position"
 
@@ -490,16 +497,12 @@ INDEPENDENT_WRONG_ANSWERS = {
 
 
 @pytest.mark.parametrize(
-    "exercise, wrong",
-    [(e, w) for e, answers in INDEPENDENT_WRONG_ANSWERS.items() for w in answers],
-    ids=lambda x: getattr(x, "__name__", x),
+    "exercise, wrong, test_ids", wrong_answers(INDEPENDENT_WRONG_ANSWERS)
 )
-def test_independent_wrong_answers_fail_every_test_of_their_exercise(exercise, wrong):
-    tests = load_chapter_tests(CHAPTER)
-    selected = [t for t in tests.tests if t.exercise == exercise]
-    results = verdicts(tests, {**vars(rp), exercise: wrong}, 0, selected)
-    for test_id, v in results.items():
-        assert not v.passed, f"{wrong.__name__} passes {test_id}"
+def test_independent_wrong_answers_fail_every_test_of_their_exercise(
+    exercise, wrong, test_ids
+):
+    assert_wrong_answer_fails(CHAPTER, rp, exercise, wrong, test_ids)
 
 
 def test_per_head_tables_are_explained_by_their_shape():
@@ -638,16 +641,7 @@ INDEPENDENT_CORRECT_ANSWERS = {
 }
 
 
-@pytest.mark.parametrize(
-    "exercise, right",
-    [(e, r) for e, answers in INDEPENDENT_CORRECT_ANSWERS.items() for r in answers],
-    ids=lambda x: getattr(x, "__name__", x),
-)
+@pytest.mark.parametrize("exercise, right", right_answers(INDEPENDENT_CORRECT_ANSWERS))
 @pytest.mark.parametrize("seed", SEEDS)
 def test_independent_correct_answers_pass(exercise, right, seed):
-    tests = load_chapter_tests(CHAPTER)
-    selected = [t for t in tests.tests if t.exercise == exercise]
-    for test_id, v in verdicts(
-        tests, {**vars(rp), exercise: right}, seed, selected
-    ).items():
-        assert v.passed, f"{right.__name__} fails {test_id}: {v.message}"
+    assert_right_answer_passes(CHAPTER, rp, exercise, right, seed)
