@@ -1,4 +1,5 @@
-"""Command line: ``python -m autograder build [--check]`` and ``python -m autograder grade ...``."""
+"""Command line: ``python -m autograder build [--check]``, ``book``, ``grade ...`` and
+``check`` (is this machine ready to grade?)."""
 
 import argparse
 import json
@@ -42,9 +43,24 @@ def _book(args) -> int:
     return subprocess.run(command).returncode
 
 
-def _grade(args) -> int:
-    from autograder.grade import grade_many
+def _limits(args):
     from autograder.limits import Limits
+
+    return Limits(
+        cell=args.cell_timeout,
+        notebook=args.timeout,
+        test=args.test_timeout,
+        memory_mb=args.memory_mb,
+        output_mb=args.output_mb,
+        processes=args.processes,
+        threads=args.threads,
+        kernel_uid=args.kernel_uid,
+        hide=[str(p) for p in args.hide],
+    )
+
+
+def _grade(args) -> int:
+    from autograder.grade import STOPPED, grade_many
     from autograder.sandbox import SandboxUnavailable
     from autograder.spec import graded_chapters
 
@@ -54,32 +70,38 @@ def _grade(args) -> int:
             file=sys.stderr,
         )
         return 2
-    limits = Limits(
-        cell=args.cell_timeout,
-        notebook=args.timeout,
-        test=args.test_timeout,
-        memory_mb=args.memory_mb,
-        output_mb=args.output_mb,
-        threads=args.threads,
-        hide=[str(p) for p in args.hide],
-    )
+    ungraded = stopped = 0
     try:
         for result in grade_many(
             args.notebooks,
             args.assignment,
             args.jobs,
             args.seed,
-            limits,
+            _limits(args),
             sandboxed=not args.no_sandbox,
         ):
             _report(result, args.json)
+            ungraded += not result["graded"]
+            stopped += STOPPED in result["message"]
     except SandboxUnavailable as exc:
         print(
             f"{exc}\n(--no-sandbox runs student code unjailed: trusted code only)",
             file=sys.stderr,
         )
         return 3
-    return 0
+    if ungraded:
+        print(
+            f"{ungraded} notebook(s) not graded because of a grader fault (see their "
+            "messages); their results are no grades",
+            file=sys.stderr,
+        )
+    return 3 if stopped else 4 if ungraded else 0
+
+
+def _check(args) -> int:
+    from autograder.check import check
+
+    return check(_limits(args))
 
 
 def _report(result: dict, as_json: bool) -> None:
@@ -89,13 +111,45 @@ def _report(result: dict, as_json: bool) -> None:
     print(
         f"{result['notebook']}: {result['score']:g} / {result['max_score']:g} ({result['assignment']})"
     )
-    if result["message"]:
+    if not result["graded"]:
+        print(f"  NOT GRADED: {result['message']}")
+    elif result["message"]:
         print(f"  note: {result['message']}")
     for test in result["tests"]:
         mark = "PASS" if test["passed"] else "FAIL"
         print(
             f"  {mark} {test['id']} {test['score']:g}/{test['max_score']:g}: {test['message']}"
         )
+
+
+def _limit_arguments(command) -> None:
+    """The limits' flags; their defaults come from ``Limits``, the one place they are set."""
+    from autograder.limits import Limits
+
+    d = Limits()
+    for flag, name, kind, text in (
+        ("--cell-timeout", "cell", float, "seconds per student cell"),
+        ("--timeout", "notebook", float, "seconds for all student cells"),
+        ("--test-timeout", "test", float, "seconds per hidden test"),
+        ("--memory-mb", "memory_mb", int, "memory of a submission's processes together, "
+         "and address space of each, in MB"),
+        ("--output-mb", "output_mb", float, "output a cell may print before it is interrupted"),
+        ("--processes", "processes", int, "processes and threads per submission"),
+        ("--threads", "threads", int, "PyTorch threads per kernel (keep jobs x threads <= cores)"),
+        ("--kernel-uid", "kernel_uid", int, "when run as root: the first of the "
+         "unprivileged uids kernels run as"),
+    ):  # fmt: skip
+        default = getattr(d, name)
+        command.add_argument(
+            flag, type=kind, default=default, help=f"{text} (default {default:g})"
+        )
+    command.add_argument(
+        "--hide",
+        type=Path,
+        action="append",
+        default=[],
+        help="a path to keep out of the sandbox even if it lies under a system folder",
+    )
 
 
 def main(argv=None) -> int:
@@ -137,40 +191,14 @@ def main(argv=None) -> int:
     grade.add_argument(
         "--seed", type=int, help="seed for the hidden inputs (default: drawn at random)"
     )
-    grade.add_argument(
-        "--cell-timeout", type=float, default=60.0, help="seconds per student cell"
+    check = commands.add_parser(
+        "check",
+        help="prove this machine can grade: the jail, its limits, a right and an "
+        "untouched notebook (exit 0 when ready, 3 when not)",
     )
-    grade.add_argument(
-        "--timeout", type=float, default=300.0, help="seconds for all student cells"
-    )
-    grade.add_argument(
-        "--test-timeout", type=float, default=30.0, help="seconds per hidden test"
-    )
-    grade.add_argument(
-        "--memory-mb",
-        type=int,
-        default=8192,
-        help="address space per kernel in MB (default 8192)",
-    )
-    grade.add_argument(
-        "--output-mb",
-        type=float,
-        default=10.0,
-        help="output a cell may print before it is interrupted (default 10)",
-    )
-    grade.add_argument(
-        "--threads",
-        type=int,
-        default=1,
-        help="PyTorch threads per kernel (default 1; keep jobs x threads <= cores)",
-    )
-    grade.add_argument(
-        "--hide",
-        type=Path,
-        action="append",
-        default=[],
-        help="a path to keep out of the sandbox even if it lies under a system folder",
-    )
+    check.set_defaults(run=_check)
+    for command in (grade, check):
+        _limit_arguments(command)
     grade.add_argument(
         "--no-sandbox",
         action="store_true",

@@ -16,6 +16,11 @@ hide it from the other:
 from __future__ import annotations
 
 import ast
+import builtins
+import importlib.util
+import re
+import symtable
+import sys
 from typing import NamedTuple
 
 
@@ -107,6 +112,25 @@ def features_in(used: list[str], forbidden: tuple[str, ...]) -> list[str]:
     return found
 
 
+# What the probe records when the watch was switched off (``probe.TAMPERED``).
+TAMPERED = "<watch disabled>"
+
+
+def tampering_in(used: list[str]) -> list[str]:
+    """What the probe saw of the student's code switching its watch off."""
+    return sorted(
+        {u.removeprefix(TAMPERED + ": ") for u in used if u.startswith(TAMPERED)}
+    )
+
+
+def tamper_message(exercise: str, found: list[str]) -> str:
+    return (
+        f"`{exercise}`'s code switches off or works around the grader's watch on PyTorch "
+        f"calls ({'; '.join(found[:3])}{'; ...' if len(found) > 3 else ''}). This test earns no points; if you believe this is "
+        "wrong, ask your instructor to review it."
+    )
+
+
 def message(exercise: str, features: list[str], where: str) -> str:
     described = " and ".join(FEATURES[f].description for f in features)
     return (
@@ -191,12 +215,7 @@ def static_uses(
 ) -> list[str]:
     """The forbidden features that the definition of ``exercise`` reaches in ``sources``
     (the student's code cells), following the names it uses to their definitions."""
-    trees = []
-    for source in sources:
-        try:
-            trees.append(ast.parse(source))
-        except SyntaxError:
-            continue
+    trees = [t for t in map(_parse, sources) if t is not None]
     bound = _top_level_bindings(trees)
     seen, todo, found = set(), [exercise], set()
     while todo:
@@ -216,3 +235,437 @@ def static_uses(
                 else:
                     found.add(n)
     return [f for f in forbidden if found & set(FEATURES[f].names)]
+
+
+# Code that switches the run-time watch off or hides what it calls from it. Words are
+# attribute names, imported names and modules; bare names are builtins called by name.
+_WATCH_WORDS = {
+    "_C": "reaches into `torch._C`",
+    "library": "uses `torch.library`",
+    "_ops": "reaches into `torch._ops`",
+    "_python_dispatch": "manipulates PyTorch's dispatch modes",
+    "overrides": "manipulates PyTorch's function modes (`torch.overrides`)",
+    **{
+        word: f"manipulates PyTorch's function or dispatch modes (`{word}`)"
+        for word in (
+            "DisableTorchFunction",
+            "DisableTorchFunctionSubclass",
+            "_DisableTorchDispatch",
+            "_disable_current_modes",
+            "_push_mode",
+            "_pop_mode",
+            "_pop_mode_temporarily",
+            "_pop_torch_function_stack",
+            "_push_on_torch_function_stack",
+            "_len_torch_function_stack",
+            "_get_function_stack_at",
+            "_set_torch_function_mode",
+            "_get_current_function_mode_stack",
+            "_get_current_dispatch_mode",
+            "_get_current_dispatch_mode_stack",
+            "_set_dispatch_mode",
+            "_unset_dispatch_mode",
+            "_disable_infra_mode",
+            "TorchFunctionMode",
+            "BaseTorchFunctionMode",
+            "TorchDispatchMode",
+        )
+    },
+    **{
+        word: f"controls PyTorch's profiler (`{word}`)"
+        for word in (
+            "profiler",
+            "_disable_profiler",
+            "_enable_profiler",
+            "_disable_profiler_legacy",
+            "_enable_profiler_legacy",
+            "_prepare_profiler",
+            "record_function",
+        )
+    },
+}
+_CODE_WORDS = {
+    "importlib": "imports modules by names built at run time (`importlib`)",
+    "builtins": "changes Python's builtins",
+    "__builtins__": "changes Python's builtins",
+    "__dict__": "fetches attributes through `__dict__`",
+    "__getattribute__": "fetches attributes through `__getattribute__`",
+    "__globals__": "reaches into a function's globals",
+    "__code__": "rewrites a function's code",
+    "marshal": "loads code at run time (`marshal`)",
+}
+_CODE_NAMES = {
+    "eval": "runs code built at run time (`eval`)",
+    "exec": "runs code built at run time (`exec`)",
+    "compile": "runs code built at run time (`compile`)",
+    "__import__": "imports modules by names built at run time (`__import__`)",
+    "__builtins__": "changes Python's builtins",
+    "vars": "fetches attributes through `vars`",
+    "globals": "fetches or injects names through `globals()`",
+    "locals": "fetches names through `locals()`",
+}
+# Work done in another thread or process is invisible to the in-process watch.
+_ELSEWHERE_WORDS = {
+    word: f"runs work in another thread or process (`{word}`)"
+    for word in (
+        "fork",
+        "_fork",
+        "forkpty",
+        "multiprocessing",
+        "subprocess",
+        "ctypes",
+        "cffi",
+        "threading",
+        "_thread",
+        "Thread",
+        "concurrent",
+        "ThreadPoolExecutor",
+        "ProcessPoolExecutor",
+        "asyncio",
+        "queue",
+        "Queue",
+        "SimpleQueue",
+        "socket",
+        "system",
+        "popen",
+        "Popen",
+    )
+}
+# Top-level code runs before the grader's watch is set up and can patch PyTorch or the
+# builtins so that the exercise's own code names nothing suspicious; there only these.
+_TOP_LEVEL_WORDS = {
+    w: d for w, d in _WATCH_WORDS.items() if w not in ("profiler", "library")
+} | {
+    "library": _WATCH_WORDS["library"],
+    "importlib": _CODE_WORDS["importlib"],
+    "builtins": _CODE_WORDS["builtins"],
+    "__builtins__": _CODE_WORDS["__builtins__"],
+    "__globals__": _CODE_WORDS["__globals__"],
+    "__code__": _CODE_WORDS["__code__"],
+    "marshal": _CODE_WORDS["marshal"],
+    "threading": _ELSEWHERE_WORDS["threading"],
+    "_thread": _ELSEWHERE_WORDS["_thread"],
+    "multiprocessing": _ELSEWHERE_WORDS["multiprocessing"],
+    "ctypes": _ELSEWHERE_WORDS["ctypes"],
+    # a worker started here could compute for the exercise through files or pipes
+    **{
+        w: _ELSEWHERE_WORDS[w]
+        for w in ("fork", "subprocess", "Popen", "popen", "system", "concurrent")
+    },
+}
+_TOP_LEVEL_NAMES = {
+    n: _CODE_NAMES[n]
+    for n in ("eval", "exec", "compile", "__import__", "__builtins__", "globals")
+}
+_COURSE_MODULES = {"course_utils"}
+# what top-level code may not assign to: the profiler the watch relies on
+_PROFILER_PARTS = (
+    "profiler",
+    "autograd",
+    "profile",
+    "record_function",
+    "function_events",
+    "_profiler_enabled",
+)
+_FETCHERS = ("getattr", "setattr", "delattr")
+_OWN = ("self", "cls")
+# names IPython defines in a notebook's namespace
+_IPYTHON = {"display", "get_ipython", "In", "Out", "exit", "quit", "_", "__", "___"}
+_IPYTHON_RE = re.compile(
+    r"_i{0,3}\d*|_[oid]h|_ih|__(name|file|doc|spec|loader|package)__"
+)
+
+
+def _unreadable_modules(node: ast.Import | ast.ImportFrom) -> list[str]:
+    """Modules an import brings in that are neither installed nor the course's: a file
+    the student's code wrote, say, whose code the static check never sees."""
+    if isinstance(node, ast.ImportFrom):
+        if node.level:
+            return ["." * node.level + (node.module or "")]
+        modules = [node.module or ""]
+    else:
+        modules = [a.name for a in node.names]
+    unreadable = []
+    for module in modules:
+        top = module.split(".")[0]
+        if top in sys.stdlib_module_names or top in _COURSE_MODULES:
+            continue
+        try:
+            installed = importlib.util.find_spec(top) is not None
+        except (ImportError, ValueError):
+            installed = False
+        if not installed:
+            unreadable.append(module)
+    return unreadable
+
+
+def _is_ipython(node: ast.AST) -> bool:
+    """``get_ipython()``, as IPython writes ``!command`` and ``%magic`` lines."""
+    return (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id == "get_ipython"
+    )
+
+
+def _literal_loop_names(node: ast.AST) -> set[str]:
+    """Loop variables over a written-out list of strings: ``for name in ("w", "b")``."""
+    names = set()
+    for sub in ast.walk(node):
+        if (
+            isinstance(sub, ast.For | ast.comprehension)
+            and isinstance(sub.target, ast.Name)
+            and isinstance(sub.iter, ast.Tuple | ast.List | ast.Set)
+            and all(
+                isinstance(e, ast.Constant) and isinstance(e.value, str)
+                for e in sub.iter.elts
+            )
+        ):
+            names.add(sub.target.id)
+    return names
+
+
+def _is_literal(node: ast.AST, literal_names: set[str]) -> bool:
+    return (isinstance(node, ast.Constant) and isinstance(node.value, str)) or (
+        isinstance(node, ast.Name) and node.id in literal_names
+    )
+
+
+def _tampering(node: ast.AST, top_level: bool = False) -> set[str]:
+    """What, under ``node``, switches the watch off or hides a call from it."""
+    words = (
+        _TOP_LEVEL_WORDS if top_level else _WATCH_WORDS | _CODE_WORDS | _ELSEWHERE_WORDS
+    )
+    names = _TOP_LEVEL_NAMES if top_level else _CODE_NAMES
+    skip = _not_calls(node)
+    literal = _literal_loop_names(node)
+    with_items = {
+        id(part)
+        for sub in ast.walk(node)
+        if isinstance(sub, ast.With | ast.AsyncWith)
+        for item in sub.items
+        for part in ast.walk(item.context_expr)
+    }
+    found = set()
+    todo = [node]
+    while todo:
+        sub = todo.pop()
+        if id(sub) in skip:
+            continue
+        todo.extend(ast.iter_child_nodes(sub))
+        if isinstance(sub, ast.Name) and sub.id in names:
+            found.add(names[sub.id])
+        elif isinstance(sub, ast.Attribute):
+            if sub.attr == "system" and _is_ipython(sub.value):
+                pass  # ``!pip install ...``: IPython's shell escape, not a worker
+            elif sub.attr in words:
+                found.add(words[sub.attr])
+            elif (
+                sub.attr == "modules"
+                and isinstance(sub.value, ast.Name)
+                and sub.value.id == "sys"
+            ):
+                found.add("reaches into `sys.modules`")
+            elif (
+                top_level
+                and sub.attr == "profiler"
+                and id(sub) not in with_items
+                and isinstance(sub.ctx, ast.Load)
+            ):
+                # ``with torch.profiler.profile() as prof:`` measures; anything else
+                # (keeping the module, subclassing its profile) may patch the watch
+                found.add(_WATCH_WORDS["profiler"])
+            elif top_level and isinstance(sub.ctx, ast.Store | ast.Del):
+                # patching the profiler or the watch from top-level code
+                chain = sub
+                while isinstance(chain, ast.Attribute):
+                    if chain.attr in _PROFILER_PARTS:
+                        found.add(_WATCH_WORDS["profiler"])
+                    chain = chain.value
+        elif not top_level and isinstance(sub, ast.Import | ast.ImportFrom):
+            for module in _unreadable_modules(sub):
+                found.add(f"imports `{module}`, code the grader cannot read")
+        if isinstance(sub, ast.alias | ast.ImportFrom):
+            module = sub.name if isinstance(sub, ast.alias) else sub.module or ""
+            for part in module.split("."):
+                if part in words:
+                    found.add(words[part])
+            if isinstance(sub, ast.ImportFrom) and module == "sys":
+                if any(a.name in ("modules", "*") for a in sub.names):
+                    found.add("reaches into `sys.modules`")
+        elif isinstance(sub, ast.Call):
+            func = sub.func
+            fname = func.id if isinstance(func, ast.Name) else None
+            if fname in _FETCHERS and len(sub.args) >= 2:
+                target, attr = sub.args[0], sub.args[1]
+                own = isinstance(target, ast.Name) and target.id in _OWN
+                if not own and not _is_literal(attr, literal):
+                    found.add(
+                        f"fetches attributes by names built at run time (`{fname}`)"
+                    )
+                if top_level and fname != "getattr" and not own:
+                    # a top-level setattr/delattr patches something
+                    if isinstance(attr, ast.Constant) and attr.value in _PROFILER_PARTS:
+                        found.add(f"patches PyTorch's profiler (`{fname}`)")
+                    for w in ast.walk(sub.args[0]):
+                        if isinstance(w, ast.Attribute | ast.Name) and (
+                            getattr(w, "attr", None) or getattr(w, "id", None)
+                        ) in ("profiler", "autograd", "builtins", "torch", "_C"):
+                            found.add(f"patches PyTorch or the builtins (`{fname}`)")
+            attr_name = func.attr if isinstance(func, ast.Attribute) else fname
+            if attr_name in ("attrgetter", "methodcaller") and not all(
+                _is_literal(a, literal) for a in sub.args
+            ):
+                found.add(
+                    f"fetches attributes by names built at run time (`{attr_name}`)"
+                )
+    return found
+
+
+def _runs_at_top_level(tree: ast.Module) -> list[ast.AST]:
+    """The parts of a cell that run when it runs: every statement but the bodies of its
+    functions (decorators, default values and class bodies do run)."""
+    roots = []
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            roots += node.decorator_list + node.args.defaults
+            roots += [d for d in node.args.kw_defaults if d is not None]
+        elif isinstance(node, ast.ClassDef):
+            roots += node.decorator_list + node.bases + node.keywords
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef):
+                    roots += item.decorator_list + item.args.defaults
+                else:
+                    roots.append(item)
+        else:
+            roots.append(node)
+    return roots
+
+
+def _parse(source: str) -> ast.Module | None:
+    """A cell's code; IPython's ``%magics`` and ``!commands`` as the kernel would run them."""
+    try:
+        return ast.parse(source)
+    except SyntaxError:
+        pass
+    if source.lstrip().startswith("%%"):  # %%time, %%capture: the body runs as Python
+        body = _parse(source.lstrip().partition("\n")[2])
+        if body is not None:
+            return body
+    try:
+        from IPython.core.inputtransformer2 import TransformerManager
+
+        return ast.parse(TransformerManager().transform_cell(source))
+    except Exception:  # noqa: BLE001 (no IPython here, or not Python even so)
+        return None
+
+
+def _module_bindings(tree: ast.Module) -> set[str] | None:
+    """Every name a cell binds at top level (or declares global and assigns); None when it
+    star-imports (then what it binds is unknown)."""
+    if any(
+        isinstance(n, ast.ImportFrom) and any(a.name == "*" for a in n.names)
+        for n in ast.walk(tree)
+    ):
+        return None
+    try:
+        table = symtable.symtable(ast.unparse(tree), "<cell>", "exec")
+    except (SyntaxError, ValueError):
+        return set()
+    bound = set()
+
+    def visit(t, top):
+        for s in t.get_symbols():
+            if (top and (s.is_assigned() or s.is_imported())) or (
+                s.is_declared_global() and s.is_assigned()
+            ):
+                bound.add(s.get_name())
+        for child in t.get_children():
+            visit(child, False)
+
+    visit(table, True)
+    return bound
+
+
+def _global_references(node: ast.AST) -> set[str]:
+    """The global names a top-level definition or statement reads."""
+    try:
+        table = symtable.symtable(ast.unparse(node), "<cell>", "exec")
+    except (SyntaxError, ValueError):
+        return set()
+    refs = set()
+
+    def visit(t, top):
+        for s in t.get_symbols():
+            if s.is_referenced() and (
+                (top and not (s.is_assigned() or s.is_imported()))
+                or (not top and s.is_global())
+            ):
+                refs.add(s.get_name())
+        for child in t.get_children():
+            visit(child, False)
+
+    visit(table, True)
+    return refs
+
+
+def _is_provided(name: str) -> bool:
+    return (
+        name in dir(builtins) or name in _IPYTHON or bool(_IPYTHON_RE.fullmatch(name))
+    )
+
+
+def static_tampering(
+    sources: list[str], exercise: str, given: list[str] = ()
+) -> list[str]:
+    """What in ``sources`` (the student's code cells) switches the grader's run-time watch
+    off or hides calls from it: on the call path of ``exercise`` (its definition and what
+    it refers to, as for ``static_uses``), and in top-level code, which runs in the same
+    namespace. ``given`` are the course's cells, whose names are not injected."""
+    trees = [t for t in map(_parse, sources) if t is not None]
+    bound = _top_level_bindings(trees)
+    found, reached, todo = set(), set(), []
+    for root in (r for tree in trees for r in _runs_at_top_level(tree)):
+        found |= _tampering(root, top_level=True)
+        todo.extend(_words(root)[0])
+    # and what top-level code calls: ``def patch(): ...`` then ``patch()``
+    while todo:
+        name = todo.pop()
+        if name in reached:
+            continue
+        reached.add(name)
+        for node in bound.get(name, []):
+            found |= _tampering(node, top_level=True)
+            todo.extend(n for n in _words(node)[0] if n in bound)
+    defined: set[str] | None = set()
+    for tree in trees + [t for t in map(_parse, given) if t is not None]:
+        names = _module_bindings(tree)
+        defined = None if names is None or defined is None else defined | names
+    seen, todo = set(), [exercise]
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        for node in bound.get(name, []):
+            found |= _tampering(node)
+            names, _ = _words(node)
+            todo.extend(n for n in names if n in bound)
+            if defined is not None:
+                for n in sorted(_global_references(node)):
+                    if n not in defined and not _is_provided(n):
+                        found.add(f"uses `{n}`, which nothing in the notebook defines")
+    return sorted(found)
+
+
+def refusal(
+    sources: list[str], exercise: str, forbidden: tuple[str, ...], given: list[str] = ()
+) -> str | None:
+    """Why a test that forbids ``forbidden`` earns nothing, read from the code; or None."""
+    if not forbidden:
+        return None
+    tampering = static_tampering(sources, exercise, given)
+    if tampering:
+        return tamper_message(exercise, tampering)
+    found = static_uses(sources, exercise, forbidden)
+    return message(exercise, found, "found in its code") if found else None

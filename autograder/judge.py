@@ -124,6 +124,14 @@ def judge(
     if got is None or len(got) != len(cases):
         return Verdict(test.id, test.points, False, missing_reason)
     used = [name for g in got for name in g.get("used", [])]
+    tampering = delegation.tampering_in(used) if test.forbidden else []
+    if tampering:
+        return Verdict(
+            test.id,
+            test.points,
+            False,
+            delegation.tamper_message(test.exercise, tampering),
+        )
     delegated = delegation.features_in(used, test.forbidden)
     if delegated:
         where = "seen while it ran on the hidden inputs"

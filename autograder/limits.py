@@ -13,15 +13,19 @@ class Limits:
     test: float = 30.0  # one hidden test's calls of the student's code
     startup: float = 60.0  # starting a kernel
     # space
-    memory_mb: int = (
-        8192  # address space of the kernel (RLIMIT_AS); past it, MemoryError
-    )
+    # memory of all a submission's processes together (the sandbox's watch kills the
+    # largest past it) and the address space of each (RLIMIT_AS; past it, MemoryError)
+    memory_mb: int = 8192
     output_mb: float = (
         10.0  # text and images a cell may print; past it, it is interrupted
     )
     disk: str = "256m"  # size of each of /submission, /tmp and /dev/shm (tmpfs)
     file_mb: int = 256  # largest file the kernel may write (RLIMIT_FSIZE)
     result_mb: int = 256  # largest result file the grader will read back
+    processes: int = 256  # processes and threads of one submission (RLIMIT_NPROC)
+    watch_period: float = 0.2  # seconds between two samples of a submission's memory
     # PyTorch and OpenMP threads per kernel; keep jobs x threads <= cores
     threads: int = 1
+    # a grader run by root runs each kernel as its own unprivileged uid, from this one
+    kernel_uid: int = 2_000_000_000
     hide: list[str] = field(default_factory=list)  # more paths kept out of the sandbox

@@ -7,6 +7,12 @@ restored from the source, scores saved in the gradebook, ``generate_feedback``,
 our verdict: a passed test gets a line of output, a failed one an error whose message is
 the feedback. The test cells' own code is never run.
 
+A grader fault is never recorded as a grade: :func:`prove_sandbox` (nbgrader's
+``pre_convert_hook``) proves the jail before the first submission and stops nbgrader with
+exit status 3 and one message if it cannot start; a submission whose grading a grader
+fault spoiled even after a second try raises, so nbgrader records nothing for it (and
+the gradebook entry this run created for it is removed again).
+
 :func:`run_hidden_test` is what those test cells would run under nbgrader's own
 ``Execute`` (student code and check in one process). Only the benchmark uses it, as the
 baseline of plain nbgrader.
@@ -16,32 +22,58 @@ from __future__ import annotations
 
 import atexit
 import secrets
+import sys
 import tempfile
 import threading
 from pathlib import Path
 
 import nbformat
+from nbgrader.api import Gradebook, MissingEntry
 from nbgrader.preprocessors import NbGraderPreprocessor
+
+from autograder.execute import is_test_cell
 
 _SANDBOX = None
 _LOCK = threading.Lock()
+COURSE_ID = "attention-course"  # nbgrader_config.py's CourseDirectory.course_id
+_NEW_SUBMISSIONS: set[tuple[str, str]] = set()  # (assignment, student) this run created
 
 
 def _shared_sandbox():
-    """One warm sandbox per nbgrader process, for all the submissions it grades."""
+    """One warm, proven sandbox per nbgrader process, for all the submissions it grades."""
     global _SANDBOX
     with _LOCK:
         if _SANDBOX is None:
+            from autograder.preflight import prove
             from autograder.sandbox import Sandbox
 
-            _SANDBOX = Sandbox()
-            atexit.register(_SANDBOX.close)
+            sandbox = Sandbox()
+            atexit.register(sandbox.close)
+            prove(sandbox)
+            _SANDBOX = sandbox
         return _SANDBOX
 
 
-def _is_test_cell(cell) -> bool:
-    meta = cell.get("metadata", {}).get("nbgrader", {})
-    return bool(meta.get("grade")) and not meta.get("solution")
+def prove_sandbox(assignment, student, notebooks, db_url=None, course_id=None, **_):
+    """nbgrader's pre-convert hook, run before each submission is entered in the
+    gradebook: start and prove the jail (once), or stop nbgrader with exit status 3 and
+    the diagnosis before anything is recorded. Also notes whether the submission is
+    new to the gradebook, so a grader fault can take its entry out again."""
+    from autograder.sandbox import SandboxUnavailable
+
+    try:
+        _shared_sandbox()
+    except SandboxUnavailable as exc:
+        print(f"[autograder] {exc}", file=sys.stderr, flush=True)
+        raise SystemExit(3) from None
+    for notebook in notebooks:  # .../submitted/<student>/<assignment>/<name>.ipynb
+        parts = Path(notebook).parts
+        if db_url and len(parts) >= 3:
+            with Gradebook(db_url, course_id) as gb:
+                try:
+                    gb.find_submission(parts[-2], parts[-3])
+                except MissingEntry:
+                    _NEW_SUBMISSIONS.add((parts[-2], parts[-3]))
 
 
 class SandboxedExecute(NbGraderPreprocessor):
@@ -55,12 +87,15 @@ class SandboxedExecute(NbGraderPreprocessor):
             path = Path(tmp) / "submission.ipynb"
             nbformat.write(nb, path)
             result = grade_notebook(path, assignment, sandbox=_shared_sandbox())
+        if not result["graded"]:
+            self._forget(resources["nbgrader"], assignment)
+            raise RuntimeError(f"[autograder] {result['message']}")
         if result["message"]:
             self.log.warning("%s", result["message"])
         verdicts = {t["id"]: t for t in result["tests"]}
         for cell in nb.cells:
             grade_id = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
-            if cell.cell_type != "code" or not _is_test_cell(cell):
+            if cell.cell_type != "code" or not is_test_cell(cell):
                 continue
             verdict = verdicts.get(grade_id)
             if verdict is None:
@@ -82,6 +117,14 @@ class SandboxedExecute(NbGraderPreprocessor):
                     )
                 ]
         return nb, resources
+
+    def _forget(self, info: dict, assignment: str) -> None:
+        """Remove the gradebook entry this run created for a submission it could not
+        grade (an earlier run's grades, if any, stay as they were)."""
+        student = info.get("student")
+        if (assignment, student) in _NEW_SUBMISSIONS and info.get("db_url"):
+            with Gradebook(info["db_url"], COURSE_ID) as gb:
+                gb.remove_submission(assignment, student)
 
 
 def run_hidden_test(

@@ -12,6 +12,7 @@ Instructors run nbgrader's commands from here, as its documentation describes::
 ``generate_assignment``); student submissions go to ``submitted/<student>/<assignment>/``.
 """
 
+import functools
 import sys
 from pathlib import Path
 
@@ -31,14 +32,25 @@ course_root = Path(__file__).resolve().parent
 repo = course_root.parent
 
 c.CourseDirectory.root = str(course_root)
-c.CourseDirectory.course_id = "attention-course"
 c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE\nraise NotImplementedError()"}
 c.ClearSolutions.enforce_metadata = True
 # Student code runs in the grading sandbox, never beside the course files: our grader
 # takes the place of nbgrader's Execute step (see autograder/nbgrader_bridge.py).
 sys.path.insert(0, str(repo))
-from autograder.nbgrader_bridge import SandboxedExecute  # noqa: E402
+from autograder.nbgrader_bridge import (  # noqa: E402
+    COURSE_ID,
+    SandboxedExecute,
+    prove_sandbox,
+)
 
+c.CourseDirectory.course_id = COURSE_ID
+
+# Before the first submission enters the gradebook: prove the jail, or stop (exit 3).
+c.Autograde.pre_convert_hook = functools.partial(
+    prove_sandbox,
+    db_url=f"sqlite:///{course_root / 'gradebook.db'}",
+    course_id=COURSE_ID,
+)
 c.Autograde.autograde_preprocessors = [
     SandboxedExecute,
     LimitOutput,

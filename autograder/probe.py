@@ -124,17 +124,57 @@ def _load_state(module, state, exercise):
         )
 
 
+# What the probe records when the student's code switched its watch off or worked around
+# it; the grader refuses such a test and asks for a review (``delegation.TAMPERED``).
+TAMPERED = "<watch disabled>"
+
+
+def _legacy_profiler():
+    """PyTorch's legacy autograd profiler, or None where this PyTorch lacks it. It records
+    ATen operators through RecordFunction in the dispatcher, which neither
+    ``DisableTorchFunction`` nor ``_DisableTorchDispatch`` switches off."""
+    profiler = getattr(getattr(torch, "autograd", None), "profiler", None)
+    profile = getattr(profiler, "profile", None)
+    record = getattr(profiler, "record_function", None)
+    enabled = getattr(getattr(torch._C, "_autograd", None), "_profiler_enabled", None)
+    if profile is None or record is None or enabled is None:
+        return None
+    return profile, record, enabled
+
+
+def _mode_stacks():
+    """The current TorchFunctionMode and TorchDispatchMode stacks (None if unknown)."""
+    try:
+        from torch.overrides import _get_current_function_mode_stack
+        from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+        return _get_current_function_mode_stack(), _get_current_dispatch_mode_stack()
+    except Exception:  # noqa: BLE001 (another PyTorch: fall back to trusting the modes)
+        return None
+
+
 class _Watch:
     """Records the PyTorch functions and ATen operators a call uses whose names contain one
-    of ``watched`` (e.g. a fused attention kernel the exercise is meant to reimplement)."""
+    of ``watched`` (e.g. a fused attention kernel the exercise is meant to reimplement).
+
+    Three watchers: a TorchFunctionMode, a TorchDispatchMode and the legacy profiler. The
+    first two can be switched off from Python (``torch._C.DisableTorchFunction()``); the
+    profiler cannot, and its own sentinel events show whether it was stopped. Anything that
+    looks like tampering is recorded as ``TAMPERED + ": " + what``."""
 
     def __init__(self, watched):
         self.watched = tuple(watched)
         self.used = set()
+        self._by_modes = set()
 
-    def note(self, name):
+    def note(self, name, by_profiler=False):
         if any(w in name for w in self.watched):
             self.used.add(name)
+            if not by_profiler:
+                self._by_modes.add(name)
+
+    def tampered(self, what):
+        self.used.add(f"{TAMPERED}: {what}")
 
     def __enter__(self):
         from torch.overrides import TorchFunctionMode
@@ -155,11 +195,72 @@ class _Watch:
         self._modes = [Functions(), Operators()]
         for mode in self._modes:
             mode.__enter__()
+        self._profile = None
+        tools = _legacy_profiler()
+        if tools is not None:
+            profile, self._record, self._enabled = tools
+            import secrets
+
+            self._token = "grader-watch-" + secrets.token_hex(8)
+            try:
+                running = bool(self._enabled())
+            except Exception:  # noqa: BLE001
+                running = False
+            if running:  # left on by the student's code, so that the watch cannot start
+                self.tampered("a profiler was left running before the test")
+            genuine = "torch.autograd.profiler"
+            if not all(
+                isinstance(tool, type) and tool.__module__ == genuine
+                for tool in (profile, self._record)
+            ):
+                self.tampered("PyTorch's profiler was replaced")
+            try:
+                self._profile = profile(use_kineto=False)
+                self._profile.__enter__()
+            except Exception:  # noqa: BLE001 (unavailable here: the modes alone watch)
+                self._profile = None
+            else:
+                with self._record(self._token + "-start"):
+                    pass
         return self
 
     def __exit__(self, *exc):
-        for mode in reversed(self._modes):
-            mode.__exit__(*exc)
+        if self._profile is not None:
+            self._stop_profiler()
+        stacks = _mode_stacks()
+        for mode, stack in zip(self._modes, stacks or (None, None), strict=True):
+            if stack is not None and (not stack or stack[-1] is not mode):
+                self.tampered("the grader's watch was taken off PyTorch's mode stack")
+                if mode not in stack:
+                    continue  # removed by the student's code: nothing to exit
+            try:
+                mode.__exit__(*exc)
+            except Exception:  # noqa: BLE001
+                self.tampered("the grader's watch could not be restored")
+
+    def _stop_profiler(self):
+        try:
+            with self._record(self._token + "-end"):
+                pass
+            still_on = bool(self._enabled())
+            self._profile.__exit__(None, None, None)
+            names = [e.name for e in self._profile.function_events]
+        except Exception:  # noqa: BLE001
+            self.tampered("the profiler was stopped or replaced")
+            return
+        if not still_on:
+            self.tampered("the profiler was stopped")
+        if self._token + "-start" not in names or self._token + "-end" not in names:
+            self.tampered("the profiler was stopped and restarted")
+        for name in names:
+            if name.startswith(self._token):
+                continue
+            self.note(name, by_profiler=True)
+            seen = [w for w in self.watched if w in name]
+            # the function and dispatch modes see every watched call the profiler sees,
+            # unless they were switched off while it ran
+            if seen and not all(any(w in m for m in self._by_modes) for w in seen):
+                self.tampered(f"{name} ran while the grader's watch was switched off")
 
     def modules(self, module, classes):
         """Note PyTorch layers of the watched kinds held anywhere inside ``module``."""

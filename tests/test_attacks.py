@@ -260,7 +260,12 @@ def test_deleting_given_cells_changes_nothing(attacked):
 
 
 def test_stealing_works_without_the_sandbox_so_the_attack_is_real(unjailed):
-    assert unjailed["steal_reference"]["score"] == 10
+    # its top-level exec could hide a way around the delegation watch, so the tests that
+    # forbid delegation are refused for review; the others get the stolen points
+    stolen = unjailed["steal_reference"]
+    assert stolen["score"] > 0
+    for test in stolen["tests"]:
+        assert test["passed"] or "ask your instructor to review it" in test["message"]
 
 
 @pytest.mark.parametrize("name", ["delegate", "delegate_hidden"])
@@ -268,16 +273,82 @@ def test_delegating_to_pytorch_earns_nothing_and_says_why(attacked, name):
     tests = {t["id"]: t for t in attacked[name]["tests"]}
     for test_id in ("sdpa_basic", "sdpa_masked", "sdpa_edge_cases"):
         assert tests[test_id]["score"] == 0
-        assert "F.scaled_dot_product_attention" in tests[test_id]["message"]
-        assert "write it yourself" in tests[test_id]["message"]
+        message = tests[test_id]["message"]
+        if name == "delegate":
+            assert "F.scaled_dot_product_attention" in message
+            assert "write it yourself" in message
+        else:  # a name built at run time is a way around the watch: for review
+            assert "names built at run time (`getattr`)" in message
+            assert "ask your instructor to review it" in message
     # the other exercises are the student's own work and keep their points
     assert tests["causal_mask_values"]["score"] == 1
 
 
 def test_processes_a_submission_starts_die_with_its_kernel(attacked):
-    assert attacked["daemon"]["score"] == 10
+    # a process started by the student's code could compute for an exercise unseen, so
+    # tests that forbid delegation are refused for review; the others keep their points
+    for test in attacked["daemon"]["tests"]:
+        assert test["passed"] or "ask your instructor to review it" in test["message"]
+    assert attacked["daemon"]["score"] > 0
     leftover = subprocess.run(["pgrep", "-f", "sleep 987"], capture_output=True)
     assert leftover.returncode == 1, leftover.stdout
+
+
+# Chapter 8: delegation hidden by switching PyTorch's watchers off (the issue's evasion).
+FLASH = "08_efficient_attention"
+SWITCHED_OFF = """
+import torch
+import torch.nn.functional as F
+
+def flash_attention(q, k, v, block_size=64, causal=False):
+    name = "".join(map(chr, [115, 99, 97, 108, 101, 100, 95, 100, 111, 116, 95, 112, 114,
+                             111, 100, 117, 99, 116, 95, 97, 116, 116, 101, 110, 116, 105,
+                             111, 110]))
+    with torch._C.DisableTorchFunction(), torch._C._DisableTorchDispatch():
+        return getattr(F, name)(q, k, v, is_causal=causal)
+"""
+WRONG_FLASH = """
+import torch
+
+def flash_attention(q, k, v, block_size=64, causal=False):
+    return torch.zeros(*q.shape[:-1], v.size(-1), dtype=q.dtype)
+"""
+
+
+def _flash_answer(source):
+    nb = student_notebook(FLASH)
+    for cell in nb.cells:
+        grade_id = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+        if grade_id == "exercise_flash_attention":
+            cell.source = source
+    return nb
+
+
+@pytest.fixture(scope="module")
+def switched_off(tmp_path_factory):
+    d = tmp_path_factory.mktemp("switched_off")
+    notebooks = {
+        name: write(_flash_answer(source), d / f"{name}.ipynb")
+        for name, source in (("evasion", SWITCHED_OFF), ("wrong", WRONG_FLASH))
+    }
+    run = _grade_cli(
+        *notebooks.values(), "--assignment", FLASH, "--json", "--seed", "7"
+    )
+    assert run.returncode == 0, run.stderr
+    results = [json.loads(line) for line in run.stdout.splitlines()]
+    return dict(zip(notebooks, results, strict=True))
+
+
+def test_switching_the_watch_off_earns_what_a_wrong_answer_earns(switched_off):
+    evasion, wrong = switched_off["evasion"], switched_off["wrong"]
+    assert evasion["score"] == wrong["score"] < evasion["max_score"], evasion
+    assert _scores(evasion) == _scores(wrong)
+    flash = [t for t in evasion["tests"] if t["id"].startswith("ea_flash")]
+    assert flash
+    for test in flash:
+        assert test["score"] == 0
+        assert "switches off or works around the grader's watch" in test["message"]
+        assert "ask your instructor to review it" in test["message"]
 
 
 if __name__ == "__main__":  # pragma: no cover

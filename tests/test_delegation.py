@@ -1,8 +1,17 @@
 """Delegation to PyTorch is recognised both ways: reading the code, and watching it run."""
 
+import torch
 import torch.nn.functional as F
 
-from autograder.delegation import FEATURES, static_uses
+from autograder import probe
+from autograder.delegation import (
+    FEATURES,
+    features_in,
+    refusal,
+    static_tampering,
+    static_uses,
+    tampering_in,
+)
 from autograder.spec import load_chapter_tests
 from solutions import self_attention as sa
 from tests.answers import verdicts
@@ -85,3 +94,238 @@ def test_delegation_seen_while_running_fails_with_a_message():
 def test_the_reference_is_not_flagged():
     tests = load_chapter_tests("03_self_attention")
     assert all(v.passed for v in verdicts(tests, vars(sa)).values())
+
+
+# Switching the watch off: caught in the code, and while the code runs.
+
+FLASH_HEAD = "import torch\nimport torch.nn.functional as F\n"
+ISSUE_EVASION = (
+    FLASH_HEAD
+    + "def flash_attention(q, k, v, block_size=64, causal=False):\n"
+    + "    name = ''.join(map(chr, [115, 99, 97, 108, 101, 100, 95, 100, 111, 116, 95, 112,"
+    + " 114, 111, 100, 117, 99, 116, 95, 97, 116, 116, 101, 110, 116, 105, 111, 110]))\n"
+    + "    with torch._C.DisableTorchFunction(), torch._C._DisableTorchDispatch():\n"
+    + "        return getattr(F, name)(q, k, v, is_causal=causal)\n"
+)
+BUILT = "''.join(reversed('noitnetta_tcudorp_tod_delacs'))"
+EVASIONS = {
+    "issue": ISSUE_EVASION,
+    "torch_C_nn": FLASH_HEAD
+    + f"def flash_attention(q, k, v, block_size=64, causal=False):\n"
+    f"    return getattr(torch._C._nn, {BUILT})(q, k, v, is_causal=causal)\n",
+    "vars_of_F": FLASH_HEAD
+    + f"def flash_attention(q, k, v, block_size=64, causal=False):\n"
+    f"    return vars(F)[{BUILT}](q, k, v, is_causal=causal)\n",
+    "ops_aten_no_dispatch": FLASH_HEAD
+    + "def flash_attention(q, k, v, block_size=64, causal=False):\n"
+    "    op = ''.join(reversed('upc_rof_noitnetta_hsalf_tcudorp_tod_delacs_'))\n"
+    "    with torch._C._DisableTorchDispatch():\n"
+    "        return getattr(torch.ops.aten, op)(q, k, v, is_causal=causal)[0]\n",
+    "pop_mode_stack": FLASH_HEAD + "from torch.overrides import _pop_mode, _push_mode\n"
+    "from torch.utils import _python_dispatch as d\n"
+    "def flash_attention(q, k, v, block_size=64, causal=False):\n"
+    "    modes = _pop_mode(), d._pop_mode()\n"
+    "    try:\n"
+    "        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)\n"
+    "    finally:\n"
+    "        _push_mode(modes[0])\n"
+    "        d._push_mode(modes[1])\n",
+    "eval_encoded": FLASH_HEAD
+    + "CODE = bytes.fromhex('462e7363616c65645f646f745f70726f647563745f617474656e74696f6e').decode()\n"
+    "def flash_attention(q, k, v, block_size=64, causal=False):\n"
+    "    return eval(CODE)(q, k, v, is_causal=causal)\n",
+    "builtins_injection": FLASH_HEAD + "import builtins\n"
+    f"setattr(builtins, 'fast_kernel', getattr(F, {BUILT}))\n"
+    "def flash_attention(q, k, v, block_size=64, causal=False):\n"
+    "    return fast_kernel(q, k, v, is_causal=causal)\n",
+    "globals_injection": FLASH_HEAD
+    + f"globals()['fast_kernel'] = F.__dict__[{BUILT}]\n"
+    "def flash_attention(q, k, v, block_size=64, causal=False):\n"
+    "    return fast_kernel(q, k, v, is_causal=causal)\n",
+    "patch_called_at_top_level": FLASH_HEAD + "def prepare():\n"
+    "    torch.autograd.profiler.profile = lambda *a, **k: None\n"
+    "prepare()\n"
+    "def flash_attention(q, k, v, block_size=64, causal=False):\n"
+    "    return F.scaled_dot_product_attention(q, k, v, is_causal=causal)\n",
+    "restart_profiler": FLASH_HEAD
+    + "def flash_attention(q, k, v, block_size=64, causal=False):\n"
+    "    torch.autograd._disable_profiler_legacy()\n"
+    "    with torch._C.DisableTorchFunction(), torch._C._DisableTorchDispatch():\n"
+    "        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)\n",
+    "fork_child": FLASH_HEAD + "import os, pickle\n"
+    "def flash_attention(q, k, v, block_size=64, causal=False):\n"
+    "    r, w = os.pipe()\n"
+    "    if os.fork() == 0:\n"
+    "        os.write(w, pickle.dumps(F.scaled_dot_product_attention(q, k, v)))\n"
+    "        os._exit(0)\n"
+    "    return pickle.loads(os.read(r, 1 << 30))\n",
+    "thread": FLASH_HEAD + "from concurrent.futures import ThreadPoolExecutor\n"
+    "POOL = ThreadPoolExecutor(1)\n"
+    "def flash_attention(q, k, v, block_size=64, causal=False):\n"
+    "    return POOL.submit(F.scaled_dot_product_attention, q, k, v).result()\n",
+    "worker_process": FLASH_HEAD + "import subprocess, sys, os, time\n"
+    "WORKER = subprocess.Popen([sys.executable, 'worker.py'])  # computes with F.sdpa\n"
+    "def flash_attention(q, k, v, block_size=64, causal=False):\n"
+    "    torch.save((q, k, v), 'in.pt')\n"
+    "    while not os.path.exists('out.pt'):\n"
+    "        time.sleep(0.01)\n"
+    "    return torch.load('out.pt')\n",
+    "module_written_to_disk": FLASH_HEAD + "import pathlib, importlib\n"
+    "pathlib.Path('fa_helper.py').write_text(bytes.fromhex('00').decode())  # its code\n"
+    "from fa_helper import fast as flash_attention\n",
+    "profiler_patched_by_alias": FLASH_HEAD
+    + "from torch.autograd import profiler as p\n"
+    "class Quiet(p.profile):\n"
+    "    pass  # would filter function_events\n"
+    "p.profile = Quiet\n"
+    "def flash_attention(q, k, v, block_size=64, causal=False):\n"
+    "    return q\n",
+    "cell_magic": "%%capture\n" + ISSUE_EVASION,
+}
+
+
+def _tampering(source, exercise="flash_attention"):
+    return static_tampering([source], exercise)
+
+
+def test_switching_the_watch_off_is_found_in_the_code():
+    for name, source in EVASIONS.items():
+        found = _tampering(source)
+        assert found, name
+        message = refusal([source], "flash_attention", ("sdpa", "softmax"))
+        assert "ask your instructor to review it" in message, name
+
+
+def test_what_the_issue_evasion_is_refused_for():
+    found = " ".join(_tampering(ISSUE_EVASION))
+    assert "torch._C" in found and "DisableTorchFunction" in found
+
+
+def test_tampering_counts_only_for_tests_that_forbid_something():
+    assert refusal([ISSUE_EVASION], "flash_attention", ()) is None
+
+
+def test_ordinary_answers_are_not_tampering():
+    ordinary = FLASH_HEAD + (
+        "import math, matplotlib\n"
+        "torch.manual_seed(0)\n"
+        "torch.backends.cudnn.deterministic = True\n"
+        "def flash_attention(q: torch.Tensor, k, v, block_size=64, causal=False) -> torch.Tensor:\n"
+        "    assert isinstance(q, torch.Tensor)\n"
+        "    w = torch.einsum('...id,...jd->...ij', q, k) / math.sqrt(q.size(-1))\n"
+        "    out = torch.zeros_like(q)\n"
+        "    for i in range(q.size(-2)):\n"
+        "        row = torch.exp(w[..., i, :] - w[..., i, :].amax(-1, keepdim=True))\n"
+        "        out[..., i, :] = (row / row.sum(-1, keepdim=True)) @ v\n"
+        "    return out\n"
+        "class Layer(torch.nn.Module):\n"
+        "    def __init__(self, d):\n"
+        "        super().__init__()\n"
+        "        for name in ('wq', 'wk'):\n"
+        "            setattr(self, name, torch.nn.Linear(d, d))\n"
+        "    def forward(self, x, which='wq'):\n"
+        "        return flash_attention(getattr(self, which)(x), x, x)\n"
+        "    def load(self, mha: torch.nn.MultiheadAttention):\n"
+        "        for name in ('in_proj_weight', 'in_proj_bias'):\n"
+        "            getattr(mha, name)\n"
+        "model = Layer(8).eval()\n"
+        "for step in range(2):\n"
+        "    loss = model(torch.randn(2, 8)).sum()\n"
+        "import matplotlib.pyplot as plt\n"
+        "plt.plot([1, 2])\n"
+        "display(model)\n"
+    )
+    scratch = (
+        "q = torch.randn(1, 4, 8)\nprint(F.scaled_dot_product_attention(q, q, q))\n"
+    )
+    profiled = (
+        "with torch.profiler.profile() as prof:\n"
+        "    flash_attention(q, q, q)\n"
+        "print(prof.key_averages().table())\n"
+    )
+    magic = (
+        "%timeit flash_attention(q, q, q)\n!pip install einops\n%matplotlib inline\n"
+    )
+    for exercise in ("flash_attention", "Layer"):
+        assert static_tampering([ordinary, scratch, magic, profiled], exercise) == []
+        assert refusal([ordinary, scratch], exercise, ("sdpa", "softmax")) is None
+    assert static_tampering([OWN], "SelfAttention") == []
+
+
+def test_names_nothing_defines_are_injection_unless_given_or_builtin():
+    source = "def flash_attention(q, k, v):\n    return helper(q, k, v) + len(q)\n"
+    assert any("`helper`" in f for f in _tampering(source))
+    given = "from course_utils import helper\n"
+    assert static_tampering([source], "flash_attention", [given]) == []
+    star = "from course_utils import *\n"  # then what is defined is unknown
+    assert static_tampering([source], "flash_attention", [star]) == []
+
+
+# The same evasions while they run, against the probe's watch in this process.
+
+
+def _watched(source):
+    namespace = {}
+    exec(compile(source, "<student>", "exec"), namespace)
+    q = torch.randn(2, 3, 16, 8)
+    watch = probe._Watch(sorted({*FEATURES["sdpa"].ops, *FEATURES["softmax"].ops}))
+    try:
+        with watch:
+            namespace["flash_attention"](q, q, q)
+    except Exception:  # noqa: BLE001 (a failing evasion is still seen)
+        pass
+    return sorted(watch.used)
+
+
+RUNTIME = (
+    "issue",
+    "ops_aten_no_dispatch",
+    "pop_mode_stack",
+    "eval_encoded",
+    "restart_profiler",
+)
+
+
+def test_switching_the_watch_off_is_seen_while_it_runs():
+    for name in RUNTIME:
+        used = _watched(EVASIONS[name])
+        assert tampering_in(used) or features_in(used, ("sdpa",)), name
+    # eval alone hides nothing at run time: it is plain delegation there
+    for name in ("issue", "pop_mode_stack", "restart_profiler"):
+        assert tampering_in(_watched(EVASIONS[name])), name
+    # and the watch is back in place afterwards
+    assert not torch._C._autograd._profiler_enabled()
+    assert probe._mode_stacks() == ([], [])
+
+
+def test_a_profiler_left_running_is_tampering():
+    left = torch.autograd.profiler.profile(use_kineto=False)
+    left.__enter__()
+    try:
+        used = _watched(EVASIONS["issue"])
+    finally:
+        left.__exit__(None, None, None)
+    assert "a profiler was left running before the test" in tampering_in(used)
+
+
+def test_a_replaced_profiler_is_tampering():
+    genuine = torch.autograd.profiler.profile
+    try:
+        used = _watched(EVASIONS["patch_called_at_top_level"])  # profile = a lambda
+    finally:
+        torch.autograd.profiler.profile = genuine
+    assert "PyTorch's profiler was replaced" in tampering_in(used)
+
+
+def test_plain_delegation_is_delegation_and_own_code_is_nothing_at_run_time():
+    direct = FLASH_HEAD + (
+        "def flash_attention(q, k, v):\n    return F.scaled_dot_product_attention(q, k, v)\n"
+    )
+    used = _watched(direct)
+    assert features_in(used, ("sdpa",)) == ["sdpa"] and tampering_in(used) == []
+    own = FLASH_HEAD + (
+        "def flash_attention(q, k, v):\n"
+        "    w = torch.einsum('...id,...jd->...ij', q, k).exp()\n"
+        "    return (w / w.sum(-1, keepdim=True)) @ v\n"
+    )
+    assert _watched(own) == []

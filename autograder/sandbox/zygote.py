@@ -41,6 +41,7 @@ MNT_DETACH = 2
 SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}
 
 PR_SET_PDEATHSIG = 1
+PR_SET_DUMPABLE = 4
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -75,14 +76,45 @@ def _write(path, text):
         f.write(text)
 
 
-def enter_user_and_net_namespace():
+def enter_namespaces(config):
+    """A new user namespace (plus empty network, IPC and hostname namespaces) for the
+    zygote and every kernel it forks. An ordinary user maps only itself (as root inside);
+    root maps itself and the range of unprivileged ids its kernels will run as. A map of
+    more than one's own id must be written from outside the new namespace: by a child
+    forked before it, which still has root's rights."""
     uid, gid = os.getuid(), os.getgid()
-    _unshare(
-        CLONE_NEWUSER | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS, "user, network"
-    )
-    _write("/proc/self/setgroups", "deny")
-    _write("/proc/self/uid_map", f"0 {uid} 1")
-    _write("/proc/self/gid_map", f"0 {gid} 1")
+    first, count = config["kernel_ids"] or (None, 0)
+    flags = CLONE_NEWUSER | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS
+    if first is None:
+        _unshare(flags, "user, network, IPC and hostname")
+        _write("/proc/self/setgroups", "deny")
+        _write("/proc/self/uid_map", f"0 {uid} 1")
+        _write("/proc/self/gid_map", f"0 {gid} 1")
+        return
+    me, (go_r, go_w), (done_r, done_w) = os.getpid(), os.pipe(), os.pipe()
+    writer = os.fork()
+    if writer == 0:
+        die_with_parent()
+        os.close(go_w)
+        if not os.read(go_r, 1):  # the parent could not unshare: nothing to map
+            os._exit(0)
+        try:
+            _write(f"/proc/{me}/uid_map", f"0 {uid} 1\n{first} {first} {count}")
+            _write(f"/proc/{me}/gid_map", f"0 {gid} 1\n{first} {first} {count}")
+            os.write(done_w, b"y")
+        except OSError as exc:
+            os.write(done_w, str(exc).encode()[:200])
+        os._exit(0)
+    os.close(go_r)
+    try:
+        _unshare(flags, "user, network, IPC and hostname")
+    finally:
+        os.write(go_w, b"g")
+        os.close(go_w)
+    answer = os.read(done_r, 256)
+    os.waitpid(writer, 0)
+    if answer != b"y":
+        raise OSError(f"writing the user namespace's id maps: {answer.decode()}")
 
 
 def _locked_flags(path):
@@ -90,12 +122,12 @@ def _locked_flags(path):
     f = os.statvfs(path).f_flag
     flags = 0
     for st, ms in (
-        (2, MS_NOSUID),
-        (4, MS_NODEV),
-        (8, MS_NOEXEC),
-        (1024, MS_NOATIME),
-        (2048, MS_NODIRATIME),
-        (4096, MS_RELATIME),
+        (os.ST_NOSUID, MS_NOSUID),
+        (os.ST_NODEV, MS_NODEV),
+        (os.ST_NOEXEC, MS_NOEXEC),
+        (os.ST_NOATIME, MS_NOATIME),
+        (os.ST_NODIRATIME, MS_NODIRATIME),
+        (os.ST_RELATIME, MS_RELATIME),
     ):
         if f & st:
             flags |= ms
@@ -126,23 +158,36 @@ def _tmpfs(target, size, mode="1777"):
     _mount("tmpfs", target, "tmpfs", MS_NOSUID | MS_NODEV, f"size={size},mode={mode}")
 
 
+def _under(path, parent):
+    return path == parent or path.startswith(parent.rstrip("/") + "/")
+
+
 def build_root(root, config, kernel_dir):
-    """Mount the kernel's whole visible filesystem under ``root``."""
+    """Mount the kernel's whole visible filesystem under ``root``. The private tmpfs
+    folders come first and the exposed paths after them, so a Python installation that
+    lies under ``/tmp`` (a venv made there) is mounted over the private ``/tmp``, not
+    hidden by it."""
     _mount(None, "/", None, MS_REC | MS_PRIVATE)
     _tmpfs(root, "16m", mode="755")
-    for path in config["expose"]:
-        if os.path.lexists(path):
-            _bind(path, root)
-    for path in config["hide"]:  # hidden paths that happen to lie inside an exposed one
-        if os.path.isdir(root + path):
+    _tmpfs(root + "/tmp", config["disk"])
+    _tmpfs(root + "/dev/shm", config["disk"])
+    _tmpfs(root + "/submission", config["disk"], mode="777")
+    exposed = sorted(p for p in config["expose"] if os.path.lexists(p))
+    for path in exposed:  # sorted: a folder before what lies inside it
+        _bind(path, root)
+    # A hidden path inside an exposed folder (a course kept under /opt, say) is covered
+    # with an empty read-only tmpfs; exposed paths inside it (the course's own .venv)
+    # are mounted again on top.
+    for hidden in config["hide"]:
+        inside = any(_under(hidden, p) and hidden != p for p in exposed)
+        if inside and os.path.isdir(root + hidden):
+            _tmpfs(root + hidden, "64k", mode="755")
+            for path in exposed:
+                if _under(path, hidden):
+                    _bind(path, root)
             _mount(
-                "tmpfs",
-                root + path,
-                "tmpfs",
-                MS_RDONLY | MS_NOSUID | MS_NODEV,
-                "size=4k",
+                None, root + hidden, None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV
             )
-    os.makedirs(root + "/dev", exist_ok=True)
     for device in ("null", "zero", "full", "random", "urandom"):
         _bind("/dev/" + device, root, writable=True)
     for name, target in (
@@ -152,10 +197,7 @@ def build_root(root, config, kernel_dir):
         ("stderr", "/proc/self/fd/2"),
     ):
         os.symlink(target, f"{root}/dev/{name}")
-    _tmpfs(root + "/dev/shm", config["disk"])
-    _tmpfs(root + "/tmp", config["disk"])
-    _tmpfs(root + "/submission", config["disk"], mode="777")
-    _bind(kernel_dir, root, writable=True)  # last: it may lie under /tmp
+    _bind(kernel_dir, root, writable=True)  # last: it lies under /tmp
     os.makedirs(root + "/proc", exist_ok=True)
     _mount("proc", root + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
     # Pivot into the new root and detach the old one: nothing outside stays reachable.
@@ -165,18 +207,39 @@ def build_root(root, config, kernel_dir):
     _check(_libc.umount2(b".", MNT_DETACH), "umount old root")
     os.chdir("/")
     _mount(None, "/", None, MS_REMOUNT | MS_RDONLY | MS_NOSUID | MS_NODEV)
-    # A mount namespace owned by a new user namespace: every mount above becomes locked,
-    # so the student's code cannot unmount, remount writable, or reveal what lies beneath.
+
+
+def lock_mounts():
+    """A mount namespace owned by a new user namespace: every mount becomes locked, so
+    the student's code cannot unmount, remount writable, or reveal what lies beneath."""
     _unshare(CLONE_NEWUSER | CLONE_NEWNS, "lock mounts")
+
+
+def drop_to(uid, kernel_dir):
+    """Root's kernels run as an unprivileged id, also outside the namespaces. A process
+    without capabilities can neither unmount nor remount, so the mounts stay as built."""
+    for folder, _, files in os.walk(kernel_dir):
+        for name in [folder, *(os.path.join(folder, f) for f in files)]:
+            os.chown(name, uid, uid)
+    os.setgroups([])
+    os.setgid(uid)
+    os.setuid(uid)
+    # setuid made the kernel undumpable, which would hide its memory map (smaps) from the
+    # zygote's watch; its own uid is its alone, so no other process gains access
+    _libc.prctl(PR_SET_DUMPABLE, 1)
 
 
 def apply_limits(config):
     for name, value in (
-        ("RLIMIT_AS", config["memory"]),
+        ("RLIMIT_AS", config["memory"]),  # per process; the watch below sums them
         ("RLIMIT_FSIZE", config["file_size"]),
+        (
+            "RLIMIT_NPROC",
+            config["processes"],
+        ),  # per user and user namespace: per kernel
         ("RLIMIT_CORE", 0),
     ):
-        if value:
+        if value is not None:
             resource.setrlimit(getattr(resource, name), (value, value))
 
 
@@ -198,8 +261,15 @@ def run_kernel(request, config):
     """In the kernel process (PID 1 of its namespace): jail, limit, start IPython."""
     import tempfile
 
+    os.umask(
+        0o022
+    )  # the folders made for the new root must be traversable by the kernel
     root = tempfile.mkdtemp(prefix="root-", dir=config["base"])
     build_root(root, config, request["kernel_dir"])
+    if request.get("uid") is None:
+        lock_mounts()
+    else:
+        drop_to(request["uid"], request["kernel_dir"])
     os.environ.clear()
     os.environ.update(kernel_environment(config))
     os.chdir("/submission")
@@ -222,8 +292,98 @@ def run_kernel(request, config):
     app.start()
 
 
+def _start_kernel(request, config):
+    """In the kernel process: stdout and stderr to the kernel log (the grader reads it
+    when a kernel fails to start), then ``run_kernel``; never returns."""
+    log = os.open(
+        os.path.join(request["kernel_dir"], "kernel.log"),
+        os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
+        0o600,
+    )
+    os.dup2(log, 2)
+    os.dup2(log, 1)
+    code = 0
+    try:
+        run_kernel(request, config)
+    except BaseException as exc:  # noqa: BLE001 (report why the kernel could not start)
+        import traceback
+
+        traceback.print_exc()
+        print(
+            f"sandbox: the kernel could not start: {exc!r}", file=sys.stderr, flush=True
+        )
+        code = 70
+    os._exit(code)
+
+
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def _memory_of(pid):
+    """Bytes a process holds: its proportional share of resident memory (pages shared
+    with the zygote or with its own forks count once in all), or, where smaps cannot be
+    read, its resident size."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup", "rb") as f:
+            for line in f:
+                if line.startswith(b"Pss:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        with open(f"/proc/{pid}/statm", "rb") as f:
+            return int(f.read().split()[1]) * _PAGE
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+class Watch:
+    """The submission's processes together: their memory, summed every ``period``
+    seconds. Past the limit the largest of them is killed (a forked child before the
+    kernel), until the rest fit. The kernel mounted ``/proc`` for its own PID namespace
+    and pivoted this process's root too, so ``/proc`` here lists exactly its processes."""
+
+    def __init__(self, limit):
+        self.limit = limit
+        self.peak = 0
+        self.killed = []  # (pid, bytes) of the processes killed for memory
+
+    def sample(self):
+        if os.path.exists("/proc/self"):
+            return  # the host's /proc: the kernel has not mounted its own yet
+        sizes = {}
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                sizes[entry] = _memory_of(entry)
+        total = sum(sizes.values())
+        self.peak = max(self.peak, total)
+        while total > self.limit and sizes:
+            # the kernel (PID 1 in its namespace) last: a forked child goes first
+            pid = max(sizes, key=lambda p: (p != "1", sizes[p]))
+            _kill_listed(pid)
+            self.killed.append((pid, sizes[pid]))
+            total -= sizes.pop(pid)
+
+
+def _kill_listed(pid):
+    """SIGKILL a process listed in the kernel's /proc. Its number there is not its number
+    here, so it is signalled through a descriptor of its /proc folder, never by number."""
+    try:
+        fd = os.open(f"/proc/{pid}", os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return
+    try:
+        signal.pidfd_send_signal(fd, signal.SIGKILL)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
 def serve_one(conn, request, config):
-    """In the forked child: new mount and PID namespaces, then the kernel as PID 1."""
+    """In the forked child: new mount and PID namespaces, then the kernel as PID 1. Here
+    the kernel's signals are relayed, its processes' memory watched, and how it ended
+    reported to the launcher as one line of JSON."""
     die_with_parent()
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # this process waits for its kernel
     _unshare(CLONE_NEWNS | CLONE_NEWPID, "mount, pid")
@@ -231,48 +391,49 @@ def serve_one(conn, request, config):
     if kernel == 0:
         die_with_parent()
         conn.close()
-        # the kernel's own stderr (before IPython captures it): read by the grader on failure
-        log = os.open(
-            os.path.join(request["kernel_dir"], "kernel.log"),
-            os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
-            0o600,
-        )
-        os.dup2(log, 2)
-        os.dup2(log, 1)
-        code = 0
-        try:
-            run_kernel(request, config)
-        except BaseException as exc:  # noqa: BLE001 (report why the kernel could not start)
-            import traceback
-
-            traceback.print_exc()
-            print(
-                f"sandbox: the kernel could not start: {exc!r}",
-                file=sys.stderr,
-                flush=True,
-            )
-            code = 70
-        os._exit(code)
+        _start_kernel(request, config)
 
     # No threads here: a process that unshared its PID namespace may not create any.
     pidfd = os.pidfd_open(kernel)
+    watch = Watch(config["memory"]) if config["memory"] else None
+    killed_by = None  # who among us ended the kernel, if anyone did
     while True:
-        readable, _, _ = select.select([conn, pidfd], [], [])
+        readable, _, _ = select.select([conn, pidfd], [], [], config["watch_period"])
         if pidfd in readable:
             break
+        if watch is not None:
+            try:
+                watch.sample()
+            except OSError:
+                pass
+            if watch.killed and watch.killed[-1][0] == "1":
+                killed_by = killed_by or "memory"
+        if conn not in readable:
+            continue
         try:
             data = conn.recv(16)
         except OSError:
             data = b""
         if not data:  # the launcher is gone: so is the kernel, and all it started
+            killed_by = killed_by or "grader"
             _kill(kernel, signal.SIGKILL)
             continue
         for byte in data:
+            if byte != ord("I"):
+                killed_by = killed_by or "grader"
             _kill(kernel, signal.SIGINT if byte == ord("I") else signal.SIGKILL)
     _, status = os.waitpid(kernel, 0)
-    code = os.waitstatus_to_exitcode(status)
+    report = {
+        "exit_code": os.WEXITSTATUS(status) if os.WIFEXITED(status) else None,
+        "signal": os.WTERMSIG(status) if os.WIFSIGNALED(status) else None,
+        "killed_by": killed_by,
+        "peak_mb": round(watch.peak / 2**20, 1) if watch else None,
+        "killed_for_memory_mb": [round(b / 2**20, 1) for _, b in watch.killed]
+        if watch
+        else [],
+    }
     try:
-        conn.sendall(f"{code}\n".encode())
+        conn.sendall(json.dumps(report).encode() + b"\n")
     except OSError:
         pass
     os._exit(0)
@@ -312,7 +473,7 @@ def preload():
 def main(socket_path, config_json):
     config = json.loads(config_json)
     die_with_parent()
-    enter_user_and_net_namespace()
+    enter_namespaces(config)
     preload()
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped automatically
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -323,6 +484,8 @@ def main(socket_path, config_json):
     print("ready", flush=True)
     os.dup2(devnull, 1)
     os.dup2(devnull, 0)
+    first, count = config["kernel_ids"] or (None, 0)
+    served = 0
     while True:
         conn, _ = server.accept()
         line = b""
@@ -336,6 +499,9 @@ def main(socket_path, config_json):
         except ValueError:
             conn.close()
             continue
+        # root's kernels: each its own unprivileged id, so no two share a process count
+        request["uid"] = None if first is None else first + served % count
+        served += 1
         if os.fork() == 0:
             server.close()
             try:
