@@ -90,13 +90,19 @@ def _inline_course_utils(source: str) -> str:
     return "\n".join(lines)
 
 
+# Pinned distributions whose import name is not their name on PyPI.
+IMPORT_NAMES = {"scikit_learn": "sklearn"}
+
+
 def _pins() -> dict[str, str]:
-    """``{module: "name==version"}`` for every package pinned in requirements.txt."""
+    """``{module: "name==version"}`` for every package pinned in requirements.txt, keyed by
+    the name a notebook imports (``sklearn`` for scikit-learn)."""
     pins = {}
     for line in (paths.REPO / "requirements.txt").read_text().splitlines():
         pin = line.split("#")[0].strip()
         if "==" in pin:
-            pins[pin.split("==")[0].strip().lower().replace("-", "_")] = pin
+            name = pin.split("==")[0].strip().lower().replace("-", "_")
+            pins[IMPORT_NAMES.get(name, name)] = pin
     return pins
 
 

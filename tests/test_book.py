@@ -41,6 +41,14 @@ PAPERS = {
     "wang2020linformer": "Wang",
     "beltagy2020longformer": "Beltagy",
     "ainslie2023gqa": "Ainslie",
+    "dosovitskiy2021image": "Dosovitskiy",
+    "velickovic2018graph": "Veli",
+    "sukhbaatar2015end": "Sukhbaatar",
+    "lewis2020retrieval": "Lewis",
+    "jaegle2021perceiver": "Jaegle",
+    "abnar2020quantifying": "Abnar",
+    "jain2019attention": "Jain",
+    "wiegreffe2019attention": "Wiegreffe",
 }
 
 

@@ -157,6 +157,7 @@ def test_all_chapters_are_listed():
         "06_transformer",
         "07_relative_position",
         "08_efficient_attention",
+        "09_beyond_sequences",
     ]
     assert set(CHAPTERS) <= set(paths.chapter_ids())
 
