@@ -1,5 +1,6 @@
-"""Command line: ``python -m autograder build [--check]``, ``book``, ``grade ...`` and
-``check`` (is this machine ready to grade?)."""
+"""Command line: ``python -m autograder build [--check]``, ``book``, ``grade ...``,
+``autograde ASSIGNMENT`` (a class into nbgrader's gradebook, in parallel), ``merge``
+(shards' results into the gradebook) and ``check`` (is this machine ready to grade?)."""
 
 import argparse
 import json
@@ -96,6 +97,73 @@ def _grade(args) -> int:
             file=sys.stderr,
         )
     return 3 if stopped else 4 if ungraded else 0
+
+
+def _autograde(args) -> int:
+    from autograder import autograde as ag
+    from autograder.sandbox import SandboxUnavailable
+    from autograder.spec import graded_chapters
+
+    if args.assignment not in graded_chapters():
+        print(f"unknown assignment {args.assignment!r}", file=sys.stderr)
+        return 2
+    root = ag.course_root(args.course_dir)
+    shard = None
+    if args.shard:
+        try:
+            k, n = map(int, args.shard.split("/"))
+            assert 1 <= k <= n
+        except (ValueError, AssertionError):
+            print("--shard takes K/N with 1 <= K <= N, e.g. 2/8", file=sys.stderr)
+            return 2
+        shard = (k, n)
+    if shard is None and ag.enter_assignment(root, args.assignment) != 0:
+        return 1
+    notebooks = ag.submissions(root, args.assignment, args.student, args.force)
+    if shard is not None:
+        notebooks = {s: p for s, p in notebooks.items() if ag.in_shard(s, *shard)}
+    print(
+        f"[autograder] {len(notebooks)} submission(s) of {args.assignment} to grade "
+        f"with {args.jobs} job(s)"
+        + (f", shard {shard[0]} of {shard[1]}" if shard else ""),
+        file=sys.stderr,
+    )
+    try:
+        results = ag.grade_class(
+            notebooks, args.assignment, args.jobs, args.seed, _limits(args)
+        )
+    except SandboxUnavailable as exc:
+        print(f"{exc}", file=sys.stderr)
+        return 3
+    if args.results or shard is not None:
+        path = args.results or (
+            root / "shards" / f"{args.assignment}.shard-{shard[0]}-of-{shard[1]}.jsonl"
+        )
+        ag.write_results(results, path)
+        print(f"[autograder] results written to {path}", file=sys.stderr)
+    status = 0
+    if shard is None:
+        status = ag.record(root, args.assignment, results, args.force)
+    print(ag.summary(results))
+    if status:
+        return 1
+    return 4 if any(not r["graded"] for r in results) else 0
+
+
+def _merge(args) -> int:
+    from autograder import autograde as ag
+
+    root = ag.course_root(args.course_dir)
+    results = [
+        r for r in ag.read_results(args.results) if r["assignment"] == args.assignment
+    ]
+    if ag.enter_assignment(root, args.assignment) != 0:
+        return 1
+    status = ag.record(root, args.assignment, results, force=True)
+    print(ag.summary(results))
+    if status:
+        return 1
+    return 4 if any(not r["graded"] for r in results) else 0
 
 
 def _check(args) -> int:
@@ -197,7 +265,46 @@ def main(argv=None) -> int:
         "untouched notebook (exit 0 when ready, 3 when not)",
     )
     check.set_defaults(run=_check)
-    for command in (grade, check):
+    autograde = commands.add_parser(
+        "autograde",
+        help="grade every collected submission of an assignment in parallel and record "
+        "it in nbgrader's gradebook, as `nbgrader autograde` would",
+    )
+    autograde.add_argument("assignment", help="chapter id, e.g. 03_self_attention")
+    autograde.add_argument(
+        "--jobs", type=int, default=1, help="submissions graded at once (default 1)"
+    )
+    autograde.add_argument(
+        "--student", action="append", help="only this student (repeatable)"
+    )
+    autograde.add_argument(
+        "--force", action="store_true", help="grade again those already autograded"
+    )
+    autograde.add_argument(
+        "--seed", type=int, help="seed for the hidden inputs (default: drawn at random)"
+    )
+    autograde.add_argument(
+        "--shard",
+        help="K/N: grade only shard K of N (by student id) and write its results to a "
+        "file for `merge`, without touching the gradebook",
+    )
+    autograde.add_argument(
+        "--results", type=Path, help="also write the results (JSON lines) here"
+    )
+    merge = commands.add_parser(
+        "merge", help="record shards' results files in the gradebook"
+    )
+    merge.add_argument("assignment")
+    merge.add_argument("results", nargs="+", type=Path)
+    for command in (autograde, merge):
+        command.add_argument(
+            "--course-dir",
+            type=Path,
+            help="the nbgrader course root (default: this course's autograder/)",
+        )
+    autograde.set_defaults(run=_autograde)
+    merge.set_defaults(run=_merge)
+    for command in (grade, check, autograde):
         _limit_arguments(command)
     grade.add_argument(
         "--no-sandbox",

@@ -11,10 +11,15 @@ trusted: editing or deleting them changes nothing.
 from __future__ import annotations
 
 import ast
+import copy
+import functools
+import hashlib
+import json
 import secrets
 import threading
-from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 import nbformat
@@ -24,7 +29,7 @@ from autograder.execute import Run, is_test_cell, run_notebook
 from autograder.judge import Verdict, judge
 from autograder.limits import Limits
 from autograder.paths import release_notebook
-from autograder.prepare import prepare
+from autograder.prepare import PreparedTest, prepare
 from autograder.sandbox import KernelEnd, Sandbox, Unsandboxed
 from autograder.spec import ChapterTests, graded_chapters, load_chapter_tests
 
@@ -64,6 +69,22 @@ def detect_chapter(nb) -> str | None:
     return best
 
 
+def grading_key(nb) -> str:
+    """A fingerprint of all that grading reads from a notebook: its cells' kinds, the
+    sources of every cell but the test cells (which are never run), and which cells are
+    test cells. Outputs, ids and other metadata do not count."""
+    cells = [
+        (
+            c.get("cell_type"),
+            "" if is_test_cell(c) else c.get("source", ""),
+            is_test_cell(c),
+            c.get("metadata", {}).get("nbgrader", {}).get("grade_id"),
+        )
+        for c in nb.cells
+    ]
+    return hashlib.sha256(json.dumps(cells).encode()).hexdigest()
+
+
 class GraderFault(Exception):
     """The kernel failed for a reason outside the submission: it never started, or
     something outside the jail (the host's out-of-memory killer, an administrator)
@@ -71,15 +92,27 @@ class GraderFault(Exception):
 
 
 class Batch:
-    """What the notebooks of one batch share: the sandbox, the seed, and a count of
-    kernels that failed to start. When most fail so, the batch stops rather than
-    record a wall of zeros."""
+    """What the notebooks of one batch share: the sandbox, the seed, the hidden tests'
+    inputs and the reference's outputs for that seed (drawn once, not once per
+    notebook), and a count of kernels that failed to start. When most fail so, the
+    batch stops rather than record a wall of zeros."""
 
     def __init__(self, sandbox, seed: int, limits: Limits):
         self.sandbox, self.seed, self.limits = sandbox, seed, limits
         self._lock = threading.Lock()
         self.started = self.failed = 0
         self.cause = ""
+        self._prepared: dict[tuple[str, int], list[PreparedTest]] = {}
+        self._preparing = threading.Lock()
+
+    def prepared(self, tests: ChapterTests, seed: int) -> list[PreparedTest]:
+        """Every hidden test of ``tests`` prepared for ``seed``: computed once per batch,
+        a private copy for each notebook (the judge may not alter what another reads)."""
+        with self._preparing:
+            key = (tests.chapter, seed)
+            if key not in self._prepared:
+                self._prepared[key] = prepare(tests, tests.tests, seed)
+            return copy.deepcopy(self._prepared[key])
 
     def record_start(self, failure: str | None) -> None:
         with self._lock:
@@ -127,6 +160,13 @@ def grade_notebook(
     if sandbox is None:
         with Sandbox(limits or Limits(), hide=[Path(path).resolve().parent]) as own:
             return grade_notebook(path, assignment, seed, limits, own, retry)
+    started = time.perf_counter()
+    result = _grade_notebook(path, assignment, seed, limits, sandbox, retry, batch)
+    result["seconds"] = round(time.perf_counter() - started, 2)
+    return result
+
+
+def _grade_notebook(path, assignment, seed, limits, sandbox, retry, batch) -> dict:
     limits = limits or sandbox.limits
     seed = secrets.randbits(32) if seed is None else seed
     batch = batch or Batch(sandbox, seed, limits)
@@ -236,33 +276,33 @@ def _not_graded(result: dict, why: str, fault: str | None = None) -> dict:
     return result
 
 
-def _given_cells(tests: ChapterTests) -> list:
-    """The released notebook's code cells other than the exercises (the course's own)."""
+@functools.cache
+def _given_cells(chapter: str) -> tuple[tuple[str, bool], ...]:
+    """The released notebook's code cells other than the exercises (the course's own),
+    as (source, tagged ``demo``): read once per process, not once per notebook."""
     try:
-        release = nbformat.read(release_notebook(tests.chapter), as_version=4)
+        release = nbformat.read(release_notebook(chapter), as_version=4)
     except OSError:
-        return []
-    return [
-        c
+        return ()
+    return tuple(
+        (c.source, "demo" in c.get("metadata", {}).get("tags", []))
         for c in release.cells
         if c.cell_type == "code"
         and not c.get("metadata", {}).get("nbgrader", {}).get("solution", False)
-    ]
+    )
 
 
 def _demo_sources(tests: ChapterTests) -> frozenset[str]:
     """Given cells tagged ``demo`` (training runs, benchmarks, figures): not needed to
     grade, so skipped while unchanged. A chapter's demo cells define nothing the
     exercises need."""
-    return frozenset(
-        c.source for c in _given_cells(tests) if "demo" in c.metadata.get("tags", [])
-    )
+    return frozenset(source for source, demo in _given_cells(tests.chapter) if demo)
 
 
 def _student_sources(nb, tests: ChapterTests) -> list[str]:
     """The student's own code: every code cell that runs (test cells never do) except
     the course's unchanged ones."""
-    given = {c.source for c in _given_cells(tests)}
+    given = {source for source, _ in _given_cells(tests.chapter)}
     return [
         c.source
         for c in nb.cells
@@ -276,7 +316,7 @@ def _refuse_delegation(verdicts: list[Verdict], nb, tests: ChapterTests) -> None
     """A test whose exercise reaches a forbidden PyTorch feature in its code, or whose
     code works around the run-time watch, earns nothing."""
     sources = _student_sources(nb, tests)
-    given = [c.source for c in _given_cells(tests)]
+    given = [source for source, _ in _given_cells(tests.chapter)]
     for i, v in enumerate(verdicts):
         test = tests.test(v.test_id)
         refusal = delegation.refusal(sources, test.exercise, test.forbidden, given)
@@ -287,7 +327,7 @@ def _refuse_delegation(verdicts: list[Verdict], nb, tests: ChapterTests) -> None
 def _grade(
     nb, tests: ChapterTests, seed: int, limits: Limits, sandbox, batch: Batch
 ) -> tuple[list[Verdict], Run, KernelEnd]:
-    prepared = prepare(tests, tests.tests, seed)
+    prepared = batch.prepared(tests, seed)
     with sandbox.kernel() as (km, workdir):
         got, run = run_notebook(nb, prepared, km, workdir, limits, _demo_sources(tests))
         end = sandbox.end(km, workdir)
@@ -319,11 +359,13 @@ def grade_many(
     seed: int | None = None,
     limits: Limits | None = None,
     sandboxed: bool = True,
+    on_result: Callable[[dict], None] | None = None,
 ) -> Iterator[dict]:
     """Grade notebooks ``jobs`` at a time, each in a fresh kernel forked from one warm
     sandbox, after proving the sandbox on a canary; yields results in the order of
     ``paths``. A notebook whose run a grader fault spoiled is graded again once, alone,
-    after the others. Raises ``SandboxUnavailable`` (nothing graded) when the canary
+    after the others. ``on_result`` is called with each result as it is made (a
+    progress bar). Raises ``SandboxUnavailable`` (nothing graded) when the canary
     fails."""
     from autograder.preflight import prove
 
@@ -336,19 +378,27 @@ def grade_many(
             prove(sandbox, limits)
         batch = Batch(sandbox, seed, limits)
         with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-            futures = [
+            futures = {
                 pool.submit(
                     grade_notebook, p, assignment, seed, limits, sandbox, False, batch
-                )
-                for p in paths
-            ]
-            results = [f.result() for f in futures]
+                ): i
+                for i, p in enumerate(paths)
+            }
+            results = [None] * len(paths)
+            for future in as_completed(futures):
+                results[futures[future]] = result = future.result()
+                if on_result is not None and "fault" not in result:
+                    on_result(result)
         for i, first in enumerate(results):
-            if "fault" in first and not batch.stopped:
+            if "fault" not in first:
+                continue
+            if not batch.stopped:
                 again = grade_notebook(
                     paths[i], assignment, seed, limits, sandbox, False, batch
                 )
                 note = f"graded on a second try, alone: the first was spoiled ({first['fault']})"
                 again["message"] = "; ".join(m for m in (note, again["message"]) if m)
                 results[i] = again
+            if on_result is not None:
+                on_result(results[i])
         yield from results

@@ -5,6 +5,7 @@ its pages in headless Chromium (``tests/browser.py``), served from 127.0.0.1 wit
 host unreachable, and write a screenshot of each page to ``<build>/_build/screenshots/``.
 """
 
+import os
 import re
 import subprocess
 import sys
@@ -71,6 +72,8 @@ def html(tmp_path_factory) -> Path:
         capture_output=True,
         text=True,
         timeout=1800,
+        # as on a headless server: the book must still show every figure
+        env={**os.environ, "MPLBACKEND": "Agg"},
     )
     assert run.returncode == 0, run.stdout[-5000:] + run.stderr[-5000:]
     return out / "_build" / "html"

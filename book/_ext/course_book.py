@@ -17,6 +17,7 @@ and from its ``launch_buttons`` section.
 from __future__ import annotations
 
 import html
+import os
 import re
 import shutil
 from importlib import resources
@@ -202,6 +203,11 @@ def copy_files(app: Sphinx, exception) -> None:
 
 
 def setup(app: Sphinx) -> dict:
+    # The chapters' kernels inherit this process's environment: a caller's
+    # MPLBACKEND=Agg (common on headless servers and in CI) would make plt.show() draw
+    # nothing, and the book would build without a figure. The book renders the same
+    # whoever builds it.
+    os.environ.pop("MPLBACKEND", None)
     app.connect("config-inited", use_local_mathjax)
     app.connect("doctree-resolved", add_launch_bar)
     # after sphinx-book-theme's header buttons (priority 501)

@@ -1,0 +1,154 @@
+"""A class graded in parallel into nbgrader's gradebook records what serial
+``nbgrader autograde`` records; shards run as separate processes merge into one gradebook."""
+
+import datetime
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+from nbgrader.api import Gradebook
+
+from autograder import paths
+from autograder.autograde import in_shard
+from autograder.nbgrader_bridge import COURSE_ID
+from tests.conftest import release_notebook, student_notebook, write
+
+pytestmark = pytest.mark.slow
+CHAPTER = "03_self_attention"
+DUE = datetime.datetime(2026, 1, 15, 12, 0, 0)
+LATE_PENALTY = 'c.LateSubmissionPlugin.penalty_method = "zero"\n'
+
+
+def _edited_locked_cell(nb):
+    """A student who edited a locked cell: nbgrader restores it before grading."""
+    for cell in nb.cells:
+        if (
+            cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+            == "course_utils"
+        ):
+            cell.source += "\nprint('my own line')"
+    return nb
+
+
+SUBMISSIONS = {
+    "alice": lambda: student_notebook(CHAPTER),
+    "bob": lambda: release_notebook(CHAPTER),
+    "carol": lambda: student_notebook(
+        CHAPTER, lambda s: s.replace(" / math.sqrt(d_k)", "")
+    ),
+    "erin": lambda: student_notebook(CHAPTER),  # late: the late policy takes it all
+    "frank": lambda: _edited_locked_cell(student_notebook(CHAPTER)),
+}
+TIMESTAMPS = {s: "2026-01-14 10:00:00.000000 UTC" for s in SUBMISSIONS} | {
+    "erin": "2026-01-16 10:00:00.000000 UTC"
+}
+
+
+def _course(root):
+    root.mkdir(parents=True)
+    config = (paths.COURSE_ROOT / "nbgrader_config.py").read_text()
+    (root / "nbgrader_config.py").write_text(config + LATE_PENALTY)
+    shutil.copytree(paths.COURSE_ROOT / "source", root / "source")
+    for student, make in SUBMISSIONS.items():
+        folder = root / "submitted" / student / CHAPTER
+        folder.mkdir(parents=True)
+        write(make(), folder / f"{CHAPTER}.ipynb")
+        (folder / "timestamp.txt").write_text(TIMESTAMPS[student])
+    _run(root, "-m", "nbgrader", "db", "assignment", "add", CHAPTER,
+         f"--duedate={DUE.isoformat()}")  # fmt: skip
+    return root
+
+
+def _run(cwd, *args):
+    run = subprocess.run(
+        [sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=900,
+        env={**os.environ, "PYTHONPATH": str(paths.REPO)},
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    return run
+
+
+def _gradebook(root):
+    """What the gradebook holds for each student: total, late penalty, timestamp, and
+    each graded cell's score."""
+    recorded = {}
+    with Gradebook(f"sqlite:///{root / 'gradebook.db'}", COURSE_ID) as gb:
+        for student in SUBMISSIONS:
+            sub = gb.find_submission(CHAPTER, student)
+            (nb,) = sub.notebooks
+            recorded[student] = (
+                sub.score,
+                sub.late_submission_penalty,
+                sub.timestamp,
+                sorted((g.name, g.auto_score, g.needs_manual_grade) for g in nb.grades),
+            )
+    return recorded
+
+
+def _feedback_text(root, student):
+    notebook = root / "autograded" / student / CHAPTER / f"{CHAPTER}.ipynb"
+    return "".join(
+        o.get("evalue", "") + o.get("text", "")
+        for cell in __import__("nbformat").read(notebook, as_version=4).cells
+        for o in cell.get("outputs", [])
+    )
+
+
+@pytest.fixture(scope="module")
+def courses(tmp_path_factory):
+    base = tmp_path_factory.mktemp("class")
+    serial, parallel, sharded = (_course(base / n) for n in ("serial", "par", "shard"))
+    _run(serial, "-m", "nbgrader", "generate_assignment", CHAPTER, "--force")
+    _run(serial, "-m", "nbgrader", "autograde", CHAPTER, "--SandboxedExecute.seed=7")
+    # the README's shortcut: no generate_assignment, the assignment is entered itself
+    run = _run(
+        paths.REPO, "-m", "autograder", "autograde", CHAPTER, "--jobs", "2",
+        "--seed", "7", "--course-dir", str(parallel),
+    )  # fmt: skip
+    shard_files = []
+    for k in (1, 2):
+        out = base / f"shard{k}.jsonl"
+        _run(
+            paths.REPO, "-m", "autograder", "autograde", CHAPTER, "--shard", f"{k}/2",
+            "--seed", "7", "--course-dir", str(sharded), "--results", str(out),
+        )  # fmt: skip
+        shard_files.append(str(out))
+    merged = _run(
+        paths.REPO, "-m", "autograder", "merge", CHAPTER, *shard_files,
+        "--course-dir", str(sharded),
+    )  # fmt: skip
+    return serial, parallel, sharded, run, merged
+
+
+def test_parallel_autograde_records_what_serial_nbgrader_records(courses):
+    serial, parallel, _, run, _ = courses
+    expected = _gradebook(serial)
+    assert _gradebook(parallel) == expected
+    scores = {s: r[0] for s, r in expected.items()}
+    assert scores == {"alice": 10, "bob": 0, "carol": 2, "erin": 10, "frank": 10}
+    assert expected["erin"][1] == 10  # raw score 10, late penalty 10: 0 in the export
+    for student in SUBMISSIONS:
+        assert _feedback_text(parallel, student) == _feedback_text(serial, student)
+    # only frank, whose locked cell nbgrader restored, was graded a second time
+    assert run.stderr.count("graded again here") == 1 and "frank" in run.stderr
+    assert "full marks" in run.stdout and "slowest:" in run.stdout
+    for root in (serial, parallel):  # nbgrader's own steps work unchanged after it
+        _run(root, "-m", "nbgrader", "generate_feedback", CHAPTER)
+        _run(root, "-m", "nbgrader", "export")
+    assert (parallel / "grades.csv").read_text() == (serial / "grades.csv").read_text()
+    assert (parallel / "feedback" / "bob" / CHAPTER / f"{CHAPTER}.html").is_file()
+
+
+def test_shards_merge_into_the_same_gradebook(courses):
+    serial, _, sharded, _, merged = courses
+    assert _gradebook(sharded) == _gradebook(serial)
+    assert "graded" in merged.stdout
+
+
+def test_shards_split_a_class_deterministically():
+    students = [f"s{i:03d}" for i in range(200)]
+    shards = [[s for s in students if in_shard(s, k, 4)] for k in (1, 2, 3, 4)]
+    assert sorted(sum(shards, [])) == students  # each student in exactly one shard
+    assert all(30 <= len(s) <= 70 for s in shards)
