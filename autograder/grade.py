@@ -226,6 +226,7 @@ def _grade_notebook(path, assignment, seed, limits, sandbox, retry, batch) -> di
             )
     result["tests"] = [v.as_json() for v in verdicts]
     result["score"] = float(sum(v.score for v in verdicts))
+    result["peak_mb"] = end.peak_mb  # the most its processes held together, if watched
     if run.died_in_cell is not None or run.died_in_test:
         notes.append(_missing_reason(run, end))
     if end.killed_for_memory_mb:
