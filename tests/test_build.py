@@ -1,5 +1,7 @@
 """The derived notebooks: fresh, complete, and free of solutions and hidden tests where students look."""
 
+import ast
+import importlib
 import inspect
 
 import jupytext
@@ -168,3 +170,40 @@ def test_student_notebook_markdown_has_no_myst_left(chapter):
         if cell.cell_type == "markdown":
             for myst in ("{cite:", ":::", "```{", "{ref}", "{doc}"):
                 assert myst not in cell.source, cell.source[:200]
+
+
+def _without_docs_and_hints(node: ast.AST) -> str:
+    """A definition's code: docstrings and type hints left out (the chapter's copy may
+    explain more to the student than the module's)."""
+    for n in ast.walk(node):
+        if isinstance(n, ast.FunctionDef | ast.ClassDef) and n.body:
+            first = n.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                n.body = n.body[1:] or [ast.Pass()]
+        if isinstance(n, ast.FunctionDef):
+            n.returns = None
+            for a in [*n.args.posonlyargs, *n.args.args, *n.args.kwonlyargs]:
+                a.annotation = None
+    return ast.dump(node)
+
+
+def test_code_a_chapter_gives_is_the_code_its_reference_runs(chapter):
+    """A class or function given to students in a chapter (not an exercise) that the
+    reference module also defines must be the same code: the reference is graded
+    against what the student's notebook really runs."""
+    module = vars(importlib.import_module(f"solutions.{paths.module_name(chapter)}"))
+    md = jupytext.read(paths.chapter_source(chapter))
+    for cell in md.cells:
+        if cell.cell_type != "code" or "exercise" in cell.metadata.get("tags", []):
+            continue
+        try:
+            tree = ast.parse(cell.source)
+        except SyntaxError:  # IPython magics: not a definition
+            continue
+        for node in tree.body:
+            if isinstance(node, ast.FunctionDef | ast.ClassDef) and node.name in module:
+                ref = ast.parse(inspect.getsource(module[node.name])).body[0]
+                assert _without_docs_and_hints(ref) == _without_docs_and_hints(node), (
+                    f"{chapter}: {node.name} given in the chapter differs from "
+                    f"solutions.{paths.module_name(chapter)}.{node.name}"
+                )
