@@ -5,6 +5,7 @@
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 
 
@@ -128,6 +129,7 @@ def _autograde(args) -> int:
         + (f", shard {shard[0]} of {shard[1]}" if shard else ""),
         file=sys.stderr,
     )
+    started = time.perf_counter()
     try:
         results = ag.grade_class(
             notebooks, args.assignment, args.jobs, args.seed, _limits(args)
@@ -141,10 +143,16 @@ def _autograde(args) -> int:
         )
         ag.write_results(results, path)
         print(f"[autograder] results written to {path}", file=sys.stderr)
+    graded = time.perf_counter()
     status = 0
     if shard is None:
         status = ag.record(root, args.assignment, results, args.force)
+    recorded = time.perf_counter()
     print(ag.summary(results))
+    print(
+        f"time: {graded - started:.1f} s grading, {recorded - graded:.1f} s recording "
+        "in the gradebook"
+    )
     if status:
         return 1
     return 4 if any(not r["graded"] for r in results) else 0
