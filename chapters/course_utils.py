@@ -118,3 +118,89 @@ def plot_attention(weights, queries, keys, title="", ax=None, annotate=True):
                 )
     ax.figure.colorbar(image, ax=ax, fraction=0.046, pad=0.04)
     return ax
+
+
+# Schematics: small drawing helpers for the diagrams of the chapters (matplotlib patches only).
+PALETTE = {
+    "query": "#e8892b",  # orange: queries, the thing that attends
+    "key": "#4a7fb5",  # blue: keys
+    "value": "#8cb369",  # green: values and outputs
+    "neutral": "#c9d3de",  # grey: everything else
+    "light": "#eef2f6",  # a background panel
+    "ink": "#1f2a36",  # lines and text
+}
+
+
+def schematic_figure(ncols: int = 1, figsize: tuple = (9, 3.5)):
+    """A figure for a schematic: white background (legible on a dark page), axes off.
+
+    Returns (fig, axes); axes is one Axes when ncols == 1, else an array of them.
+    """
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, ncols, figsize=figsize)
+    fig.patch.set_facecolor("white")
+    for ax in [axes] if ncols == 1 else axes:
+        ax.set_facecolor("white")
+        ax.set_aspect("equal")
+        ax.axis("off")
+    return fig, axes
+
+
+def box(ax, x, y, w, h, color, text="", size=8, text_color=None):
+    """A rounded box of width w and height h centred on (x, y), with optional text."""
+    from matplotlib.patches import FancyBboxPatch
+
+    ink = PALETTE["ink"]
+    ax.add_patch(
+        FancyBboxPatch(
+            (x - w / 2, y - h / 2),
+            w,
+            h,
+            boxstyle="round,pad=0.01,rounding_size=0.04",
+            fc=color,
+            ec=ink,
+            lw=0.8,
+        )
+    )
+    if text:
+        ax.text(
+            x, y, text, ha="center", va="center", fontsize=size, color=text_color or ink
+        )
+
+
+def arrow(ax, start, end, text="", color=None, lw=1.2, size=8, rad=0.0, offset=(0, 0)):
+    """An arrow from start to end (optionally curved by rad), with a label at its middle."""
+    from matplotlib.patches import FancyArrowPatch
+
+    color = color or PALETTE["ink"]
+    ax.add_patch(
+        FancyArrowPatch(
+            start,
+            end,
+            arrowstyle="-|>",
+            mutation_scale=10,
+            lw=lw,
+            color=color,
+            connectionstyle=f"arc3,rad={rad}",
+            shrinkA=0,
+            shrinkB=0,
+        )
+    )
+    if text:
+        middle = (
+            (start[0] + end[0]) / 2 + offset[0],
+            (start[1] + end[1]) / 2 + offset[1],
+        )
+        ax.text(*middle, text, ha="center", va="center", fontsize=size, color=color)
+
+
+def link(ax, start, end, weight, color=None):
+    """A line whose width shows an attention weight in [0, 1]."""
+    ax.plot(
+        *zip(start, end, strict=True),
+        color=color or PALETTE["query"],
+        lw=0.5 + 5 * weight,
+        alpha=0.8,
+        solid_capstyle="round",
+    )
