@@ -149,6 +149,8 @@ def _autograde(args) -> int:
         status = ag.record(root, args.assignment, results, args.force)
     recorded = time.perf_counter()
     print(ag.summary(results))
+    if shard is None:
+        _report_not_autograded(root, args.assignment, results)
     print(
         f"time: {graded - started:.1f} s grading, {recorded - graded:.1f} s recording "
         "in the gradebook"
@@ -156,6 +158,16 @@ def _autograde(args) -> int:
     if status:
         return 1
     return 4 if any(not r["graded"] for r in results) else 0
+
+
+def _report_not_autograded(root, assignment: str, results: list[dict]) -> None:
+    from autograder.autograde import not_autograded
+
+    for student in not_autograded(root, assignment, results):
+        print(
+            f"NOT AUTOGRADED {student}: nbgrader could not process this submission "
+            "(no autograded copy; its log above says why)"
+        )
 
 
 def _merge(args) -> int:
@@ -169,6 +181,7 @@ def _merge(args) -> int:
         return 1
     status = ag.record(root, args.assignment, results, force=True)
     print(ag.summary(results))
+    _report_not_autograded(root, args.assignment, results)
     if status:
         return 1
     return 4 if any(not r["graded"] for r in results) else 0

@@ -181,6 +181,18 @@ def record(root: Path, assignment: str, results: list[dict], force: bool) -> int
         return _nbgrader(root, *args, env={VERDICTS: str(verdicts)})
 
 
+def not_autograded(root: Path, assignment: str, results: list[dict]) -> list[str]:
+    """Students graded here whose autograded copy nbgrader did not write (it could not
+    read or process the notebook: its log above says why)."""
+    name = f"{assignment}.ipynb"
+    return sorted(
+        r["student"]
+        for r in results
+        if r["graded"]
+        and not (root / "autograded" / r["student"] / assignment / name).is_file()
+    )
+
+
 def summary(results: list[dict], slowest: int = 5) -> str:
     """A short table for the instructor: how many were graded, full marks, zero, with
     problems while running, not graded, and the slowest submissions."""

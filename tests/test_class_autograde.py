@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from nbgrader.api import Gradebook
+from nbgrader.api import Gradebook, MissingEntry
 
 from autograder import paths
 from autograder.autograde import in_shard
@@ -40,6 +40,7 @@ SUBMISSIONS = {
     ),
     "erin": lambda: student_notebook(CHAPTER),  # late: the late policy takes it all
     "frank": lambda: _edited_locked_cell(student_notebook(CHAPTER)),
+    "gus": None,  # not a notebook: nbgrader cannot process it either way, the rest go on
 }
 TIMESTAMPS = {s: "2026-01-14 10:00:00.000000 UTC" for s in SUBMISSIONS} | {
     "erin": "2026-01-16 10:00:00.000000 UTC"
@@ -54,19 +55,22 @@ def _course(root):
     for student, make in SUBMISSIONS.items():
         folder = root / "submitted" / student / CHAPTER
         folder.mkdir(parents=True)
-        write(make(), folder / f"{CHAPTER}.ipynb")
+        if make is None:
+            (folder / f"{CHAPTER}.ipynb").write_text('{"cells": [')
+        else:
+            write(make(), folder / f"{CHAPTER}.ipynb")
         (folder / "timestamp.txt").write_text(TIMESTAMPS[student])
     _run(root, "-m", "nbgrader", "db", "assignment", "add", CHAPTER,
          f"--duedate={DUE.isoformat()}")  # fmt: skip
     return root
 
 
-def _run(cwd, *args):
+def _run(cwd, *args, status=0):
     run = subprocess.run(
         [sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=900,
         env={**os.environ, "PYTHONPATH": str(paths.REPO)},
     )  # fmt: skip
-    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert run.returncode == status, run.stdout[-3000:] + run.stderr[-3000:]
     return run
 
 
@@ -76,7 +80,10 @@ def _gradebook(root):
     recorded = {}
     with Gradebook(f"sqlite:///{root / 'gradebook.db'}", COURSE_ID) as gb:
         for student in SUBMISSIONS:
-            sub = gb.find_submission(CHAPTER, student)
+            try:
+                sub = gb.find_submission(CHAPTER, student)
+            except MissingEntry:
+                continue
             (nb,) = sub.notebooks
             recorded[student] = (
                 sub.score,
@@ -101,11 +108,13 @@ def courses(tmp_path_factory):
     base = tmp_path_factory.mktemp("class")
     serial, parallel, sharded = (_course(base / n) for n in ("serial", "par", "shard"))
     _run(serial, "-m", "nbgrader", "generate_assignment", CHAPTER, "--force")
-    _run(serial, "-m", "nbgrader", "autograde", CHAPTER, "--SandboxedExecute.seed=7")
+    # gus's file is no notebook: nbgrader says so and exits 1 after grading the rest
+    _run(serial, "-m", "nbgrader", "autograde", CHAPTER, "--SandboxedExecute.seed=7",
+         status=1)  # fmt: skip
     # the README's shortcut: no generate_assignment, the assignment is entered itself
     run = _run(
         paths.REPO, "-m", "autograder", "autograde", CHAPTER, "--jobs", "2",
-        "--seed", "7", "--course-dir", str(parallel),
+        "--seed", "7", "--course-dir", str(parallel), status=1,
     )  # fmt: skip
     shard_files = []
     for k in (1, 2):
@@ -117,7 +126,7 @@ def courses(tmp_path_factory):
         shard_files.append(str(out))
     merged = _run(
         paths.REPO, "-m", "autograder", "merge", CHAPTER, *shard_files,
-        "--course-dir", str(sharded),
+        "--course-dir", str(sharded), status=1,
     )  # fmt: skip
     return serial, parallel, sharded, run, merged
 
@@ -127,9 +136,17 @@ def test_parallel_autograde_records_what_serial_nbgrader_records(courses):
     expected = _gradebook(serial)
     assert _gradebook(parallel) == expected
     scores = {s: r[0] for s, r in expected.items()}
-    assert scores == {"alice": 10, "bob": 0, "carol": 2, "erin": 10, "frank": 10}
+    assert scores == {
+        "alice": 10,
+        "bob": 0,
+        "carol": 2,
+        "erin": 10,
+        "frank": 10,
+        "gus": 0,
+    }
     assert expected["erin"][1] == 10  # raw score 10, late penalty 10: 0 in the export
-    for student in SUBMISSIONS:
+    assert "NOT AUTOGRADED gus" in run.stdout  # nbgrader could not read it, either way
+    for student in set(SUBMISSIONS) - {"gus"}:
         assert _feedback_text(parallel, student) == _feedback_text(serial, student)
     # only frank, whose locked cell nbgrader restored, was graded a second time
     assert run.stderr.count("graded again here") == 1 and "frank" in run.stderr
