@@ -169,3 +169,28 @@ def test_shards_split_a_class_deterministically():
     shards = [[s for s in students if in_shard(s, k, 4)] for k in (1, 2, 3, 4)]
     assert sorted(sum(shards, [])) == students  # each student in exactly one shard
     assert all(30 <= len(s) <= 70 for s in shards)
+
+
+@pytest.mark.parametrize("command", ["nbgrader", "autograder"])
+def test_a_refused_jail_records_nothing_in_the_gradebook(tmp_path, command):
+    """Where the jail cannot start (here: unshare refused, as Docker's default seccomp
+    profile does), both ways stop with exit status 3 before anything is recorded."""
+    root = _course(tmp_path / "course")
+    _run(root, "-m", "nbgrader", "generate_assignment", CHAPTER, "--force")
+    deny = [
+        str(paths.REPO / "tests" / "deny_syscalls.py"),
+        "unshare",
+        "--",
+        sys.executable,
+    ]
+    if command == "nbgrader":
+        run = _run(root, *deny, "-m", "nbgrader", "autograde", CHAPTER, status=3)
+    else:
+        run = _run(
+            paths.REPO, *deny, "-m", "autograder", "autograde", CHAPTER,
+            "--course-dir", str(root), status=3,
+        )  # fmt: skip
+    assert "The grading sandbox cannot start" in run.stderr
+    assert not (root / "autograded").exists()
+    with Gradebook(f"sqlite:///{root / 'gradebook.db'}", COURSE_ID) as gb:
+        assert gb.find_assignment(CHAPTER).submissions == []
