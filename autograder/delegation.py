@@ -81,6 +81,12 @@ FEATURES: dict[str, Feature] = {
             "Transformer",
         ),
     ),
+    "cross_entropy": Feature(
+        "PyTorch's cross-entropy loss (F.cross_entropy, nn.CrossEntropyLoss)",
+        names=("cross_entropy", "CrossEntropyLoss", "cross_entropy_loss"),
+        ops=("cross_entropy",),
+        modules=("CrossEntropyLoss",),
+    ),
     "softmax": Feature(
         "PyTorch's softmax (torch.softmax, F.softmax, Tensor.softmax, nn.Softmax)",
         names=("softmax", "log_softmax", "Softmax", "LogSoftmax", "_softmax"),

@@ -9,9 +9,40 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from solutions.transformer import MHA  # given in chapter 6 too
-
 # ------------------------------------------------------------- given in the notebook
+
+
+class MHA(nn.MultiheadAttention):
+    """PyTorch's multi-head attention (chapter 4), called with the course's mask convention."""
+
+    def __init__(self, d_model: int, num_heads: int, dropout: float = 0.0):
+        super().__init__(d_model, num_heads, dropout=dropout, batch_first=True)
+        self.weights = None  # the last attention weights (B, h, n_q, n_k), for plots
+
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        mask: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        attn_mask = None
+        if mask is not None:
+            batch, n_q, n_k = query.size(0), query.size(1), key.size(1)
+            # Ours: True = may attend. PyTorch's boolean attn_mask: True = may NOT attend,
+            # shape (n_q, n_k) or (B * h, n_q, n_k) with the heads of one sequence adjacent.
+            attn_mask = ~mask.expand(batch, n_q, n_k)
+            attn_mask = attn_mask.repeat_interleave(self.num_heads, dim=0)
+        out, weights = super().forward(
+            query,
+            key,
+            value,
+            attn_mask=attn_mask,
+            need_weights=True,
+            average_attn_weights=False,
+        )
+        self.weights = weights.detach()
+        return out, weights  # (B, n_q, d_model), (B, h, n_q, n_k)
 
 
 class EncoderLayer(nn.Module):

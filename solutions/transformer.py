@@ -1,14 +1,22 @@
 """Chapter 6, the Transformer: reference implementations.
 
-The first three definitions are not exercises: the chapter gives them to the student
-(``causal_mask`` from chapter 3, ``sinusoidal_encoding`` from chapter 5, and ``MHA``,
-PyTorch's multi-head attention called with the course's mask convention).
+The first definitions are not exercises: the chapter gives them to the student
+(``causal_mask`` from chapter 3, ``sinusoidal_encoding`` from chapter 5, and the student's
+own chapter-4 ``MultiHeadAttention`` with ``attention``, ``split_heads`` and
+``merge_heads``, imported here from ``solutions.multi_head``: one source of truth).
 """
 
 import math
 
 import torch
 from torch import nn
+
+from solutions.multi_head import (  # noqa: F401 (given in the chapter too)
+    MultiHeadAttention,
+    attention,
+    merge_heads,
+    split_heads,
+)
 
 # ------------------------------------------------------------------ given in the chapter
 
@@ -27,39 +35,6 @@ def sinusoidal_encoding(max_len: int, d_model: int) -> torch.Tensor:
     pe[:, 0::2] = torch.sin(angle)
     pe[:, 1::2] = torch.cos(angle[:, : d_model // 2])
     return pe
-
-
-class MHA(nn.MultiheadAttention):
-    """PyTorch's multi-head attention (chapter 4), called with the course's mask convention."""
-
-    def __init__(self, d_model: int, num_heads: int, dropout: float = 0.0):
-        super().__init__(d_model, num_heads, dropout=dropout, batch_first=True)
-        self.weights = None  # the last attention weights (B, h, n_q, n_k), for plots
-
-    def forward(
-        self,
-        query: torch.Tensor,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        mask: torch.Tensor | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        attn_mask = None
-        if mask is not None:
-            batch, n_q, n_k = query.size(0), query.size(1), key.size(1)
-            # Ours: True = may attend. PyTorch's boolean attn_mask: True = may NOT attend,
-            # shape (n_q, n_k) or (B * h, n_q, n_k) with the heads of one sequence adjacent.
-            attn_mask = ~mask.expand(batch, n_q, n_k)
-            attn_mask = attn_mask.repeat_interleave(self.num_heads, dim=0)
-        out, weights = super().forward(
-            query,
-            key,
-            value,
-            attn_mask=attn_mask,
-            need_weights=True,
-            average_attn_weights=False,
-        )
-        self.weights = weights.detach()
-        return out, weights  # (B, n_q, d_model), (B, h, n_q, n_k)
 
 
 # ------------------------------------------------------------------------------ exercises
@@ -108,7 +83,7 @@ class EncoderLayer(nn.Module):
         norm_first: bool = False,
     ):
         super().__init__()
-        self.self_attn = MHA(d_model, num_heads, dropout)
+        self.self_attn = MultiHeadAttention(d_model, num_heads)
         self.feed_forward = PositionwiseFeedForward(d_model, d_ff, dropout)
         self.sublayers = nn.ModuleList(
             [SublayerConnection(d_model, dropout, norm_first) for _ in range(2)]
@@ -121,8 +96,8 @@ class EncoderLayer(nn.Module):
         return self.sublayers[1](x, self.feed_forward)  # (B, n, d_model)
 
     def load_torch_weights(self, layer: nn.Module) -> None:
-        # nn.TransformerEncoderLayer's names -> ours (MHA has nn.MultiheadAttention's)
-        self.self_attn.load_state_dict(layer.self_attn.state_dict())
+        # nn.TransformerEncoderLayer's names -> ours; chapter 4's layer loads the attention
+        self.self_attn.load_torch_weights(layer.self_attn)
         self.feed_forward.linear1.load_state_dict(layer.linear1.state_dict())
         self.feed_forward.linear2.load_state_dict(layer.linear2.state_dict())
         self.sublayers[0].norm.load_state_dict(layer.norm1.state_dict())
@@ -141,8 +116,8 @@ class DecoderLayer(nn.Module):
         norm_first: bool = False,
     ):
         super().__init__()
-        self.self_attn = MHA(d_model, num_heads, dropout)
-        self.cross_attn = MHA(d_model, num_heads, dropout)
+        self.self_attn = MultiHeadAttention(d_model, num_heads)
+        self.cross_attn = MultiHeadAttention(d_model, num_heads)
         self.feed_forward = PositionwiseFeedForward(d_model, d_ff, dropout)
         self.sublayers = nn.ModuleList(
             [SublayerConnection(d_model, dropout, norm_first) for _ in range(3)]
@@ -305,3 +280,30 @@ class Transformer(nn.Module):
             next_token = logits[:, -1].argmax(dim=-1)  # (B,): the most probable
             ys = torch.cat([ys, next_token[:, None]], dim=1)  # (B, t + 1)
         return ys[:, 1:]  # (B, max_len), without the start token
+
+
+# --------------------------------------------------------------- the training recipe
+
+
+def label_smoothing_loss(
+    logits: torch.Tensor,
+    target: torch.Tensor,
+    smoothing: float = 0.1,
+    ignore_index: int = -100,
+) -> torch.Tensor:
+    """Cross-entropy against the smoothed target (1 - eps) one_hot(y) + eps / V, averaged
+    over the targets that are not ignore_index (PyTorch's label_smoothing convention)."""
+    log_probs = torch.log_softmax(logits, dim=-1).flatten(0, -2)  # (N, V)
+    target = target.flatten()  # (N,)
+    keep = target != ignore_index  # (N,): the targets that count
+    log_probs, target = log_probs[keep], target[keep]  # (N_kept, V), (N_kept,)
+    nll = -log_probs.gather(1, target[:, None]).squeeze(1)  # -log p_y
+    uniform = -log_probs.mean(dim=-1)  # -(1/V) sum_c log p_c: the uniform part
+    return ((1 - smoothing) * nll + smoothing * uniform).mean()
+
+
+def inverse_sqrt_schedule(step: int, d_model: int, warmup: int) -> float:
+    """d_model^-0.5 min(step^-0.5, step warmup^-1.5) (Vaswani et al., eq. 3); step 0 is
+    taken as step 1, so that the first update is not wasted."""
+    step = max(step, 1)
+    return d_model**-0.5 * min(step**-0.5, step * warmup**-1.5)

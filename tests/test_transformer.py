@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from autograder import paths
+from solutions import multi_head
 from solutions import transformer as tr
 from tests.answers import (
     SEEDS,
@@ -36,8 +37,8 @@ def _keep(lengths, n):
 
 
 def _copy_decoder_layer(ours, theirs):
-    ours.self_attn.load_state_dict(theirs.self_attn.state_dict())
-    ours.cross_attn.load_state_dict(theirs.multihead_attn.state_dict())
+    ours.self_attn.load_torch_weights(theirs.self_attn)
+    ours.cross_attn.load_torch_weights(theirs.multihead_attn)
     ours.feed_forward.linear1.load_state_dict(theirs.linear1.state_dict())
     ours.feed_forward.linear2.load_state_dict(theirs.linear2.state_dict())
     for connection, norm in zip(
@@ -178,30 +179,65 @@ def test_feed_forward_and_sublayer_connection_follow_the_formulas():
         torch.testing.assert_close(connection(x, ffn), expected)
 
 
-def test_mha_uses_the_course_mask_convention():
-    torch.manual_seed(4)
-    attn = tr.MHA(16, 4)
-    q, kv = torch.randn(2, 3, 16), torch.randn(2, 5, 16)
-    mask = torch.rand(2, 3, 5) < 0.5
-    mask[..., 1] = True
-    out, weights = attn(q, kv, kv, mask)
-    assert weights.shape == (2, 4, 3, 5) and torch.equal(attn.weights, weights)
-    assert bool((weights.masked_select(~mask[:, None].expand_as(weights)) == 0).all())
-    # the same computation by hand, with F.scaled_dot_product_attention (True = may attend)
-    w_q, w_k, w_v = attn.in_proj_weight.chunk(3)
-    b_q, b_k, b_v = attn.in_proj_bias.chunk(3)
+def test_the_layers_run_on_chapter_4s_attention():
+    """One source of truth: chapter 6 imports chapter 4's attention, it does not copy it,
+    and its layers hold that class, not PyTorch's."""
+    assert tr.MultiHeadAttention is multi_head.MultiHeadAttention
+    assert tr.attention is multi_head.attention
+    layer = tr.DecoderLayer(16, 4, 32)
+    for attn in (
+        layer.self_attn,
+        layer.cross_attn,
+        tr.EncoderLayer(16, 4, 32).self_attn,
+    ):
+        assert type(attn) is multi_head.MultiHeadAttention
+    model = tr.Transformer(5, 6, 16, 4, 32, 2)
+    assert not any(isinstance(m, nn.MultiheadAttention) for m in model.modules())
 
-    def heads(t):
-        return t.unflatten(-1, (4, 4)).transpose(1, 2)  # (B, h, n, d_head)
 
-    by_hand = F.scaled_dot_product_attention(
-        heads(q @ w_q.T + b_q),
-        heads(kv @ w_k.T + b_k),
-        heads(kv @ w_v.T + b_v),
-        attn_mask=mask[:, None],
+@pytest.mark.parametrize("shape", [(7,), (3, 4)])
+@pytest.mark.parametrize("smoothing", [0.0, 0.1, 0.35])
+def test_label_smoothing_loss_equals_torch_cross_entropy(shape, smoothing):
+    torch.manual_seed(8)
+    logits = torch.randn(*shape, 9) * 4
+    target = torch.randint(9, shape)
+    for ignore_index in (-100, 2):
+        target.view(-1)[[0, -1]] = ignore_index if ignore_index >= 0 else 5
+        expected = F.cross_entropy(
+            logits.flatten(0, -2),
+            target.flatten(),
+            label_smoothing=smoothing,
+            ignore_index=ignore_index,
+        )
+        got = tr.label_smoothing_loss(logits, target, smoothing, ignore_index)
+        assert got.shape == ()
+        torch.testing.assert_close(got, expected)
+
+
+def test_label_smoothing_loss_follows_the_smoothed_target():
+    """The cross-entropy against q = (1 - eps) one_hot + eps / V, in float64 by hand."""
+    logits = torch.tensor([[0.7, 0.1, 0.1, 0.1]], dtype=torch.float64).log()
+    got = tr.label_smoothing_loss(logits, torch.tensor([0]), 0.1, -100)
+    q = torch.tensor([0.9 + 0.025, 0.025, 0.025, 0.025], dtype=torch.float64)
+    expected = -(
+        q * torch.tensor([0.7, 0.1, 0.1, 0.1], dtype=torch.float64).log()
+    ).sum()
+    torch.testing.assert_close(got, expected)
+    assert abs(got.item() - 0.50262) < 1e-5  # the chapter's worked numbers
+
+
+def test_inverse_sqrt_schedule_is_equation_3():
+    rates = [tr.inverse_sqrt_schedule(s, 512, 4000) for s in range(0, 20_001)]
+    assert all(isinstance(r, float) for r in rates[:3])
+    assert rates[0] == rates[1]  # step 0 is taken as step 1
+    peak = max(range(len(rates)), key=rates.__getitem__)
+    assert peak == 4000
+    assert math.isclose(rates[4000], (512 * 4000) ** -0.5, rel_tol=1e-12)
+    assert math.isclose(rates[100], 512**-0.5 * 100 * 4000**-1.5, rel_tol=1e-12)
+    assert math.isclose(rates[16_000], rates[4000] / 2, rel_tol=1e-12)  # 1/sqrt(step)
+    assert math.isclose(
+        tr.inverse_sqrt_schedule(100_000, 512, 4000), 1.3975e-4, rel_tol=1e-3
     )
-    by_hand = attn.out_proj(by_hand.transpose(1, 2).flatten(2))
-    torch.testing.assert_close(out, by_hand, rtol=1e-5, atol=1e-6)
 
 
 def test_transformer_is_causal_ignores_padding_and_decodes_greedily():
@@ -246,18 +282,18 @@ def test_transformer_embeds_scales_and_adds_positions():
 
 
 def test_the_chapter_gives_the_same_helpers_as_the_reference():
-    """The chapter's given cell (causal_mask, sinusoidal_encoding, MHA) must not drift
-    from the copies the references use."""
+    """The chapter's given cell (causal_mask, sinusoidal_encoding, chapter 4's
+    MultiHeadAttention) must not drift from the code the references use."""
     cells = jupytext.read(paths.chapter_source(CHAPTER)).cells
-    given = next(c.source for c in cells if "class MHA(" in c.source)
-    namespace = {"torch": torch, "nn": nn}
+    given = next(c.source for c in cells if "class MultiHeadAttention(" in c.source)
+    namespace = {"torch": torch, "nn": nn, "math": math}
     exec(given, namespace)
     assert torch.equal(namespace["causal_mask"](5), tr.causal_mask(5))
     assert torch.equal(
         namespace["sinusoidal_encoding"](9, 6), tr.sinusoidal_encoding(9, 6)
     )
     torch.manual_seed(7)
-    theirs, ours = namespace["MHA"](8, 2), tr.MHA(8, 2)
+    theirs, ours = namespace["MultiHeadAttention"](8, 2), tr.MultiHeadAttention(8, 2)
     ours.load_state_dict(theirs.state_dict())
     x, mask = torch.randn(2, 4, 8), _keep([4, 2], 4)[:, None, :]
     for a, b in zip(theirs(x, x, x, mask), ours(x, x, x, mask), strict=True):
@@ -325,8 +361,11 @@ class _EncoderLayerOneResidual(tr.EncoderLayer):
 class _EncoderLayerWeightsWithoutBiases(tr.EncoderLayer):
     def load_torch_weights(self, layer):
         with torch.no_grad():
-            self.self_attn.in_proj_weight.copy_(layer.self_attn.in_proj_weight)
-            self.self_attn.out_proj.weight.copy_(layer.self_attn.out_proj.weight)
+            w_q, w_k, w_v = layer.self_attn.in_proj_weight.chunk(3)
+            self.self_attn.W_q.weight.copy_(w_q)
+            self.self_attn.W_k.weight.copy_(w_k)
+            self.self_attn.W_v.weight.copy_(w_v)
+            self.self_attn.W_o.weight.copy_(layer.self_attn.out_proj.weight)
             self.feed_forward.linear1.weight.copy_(layer.linear1.weight)
             self.feed_forward.linear2.weight.copy_(layer.linear2.weight)
             self.sublayers[0].norm.weight.copy_(layer.norm1.weight)
@@ -336,8 +375,12 @@ class _EncoderLayerWeightsWithoutBiases(tr.EncoderLayer):
 class _EncoderLayerForgetsOutProj(tr.EncoderLayer):
     def load_torch_weights(self, layer):
         with torch.no_grad():
-            self.self_attn.in_proj_weight.copy_(layer.self_attn.in_proj_weight)
-            self.self_attn.in_proj_bias.copy_(layer.self_attn.in_proj_bias)
+            weights = layer.self_attn.in_proj_weight.chunk(3)
+            biases = layer.self_attn.in_proj_bias.chunk(3)
+            projections = (self.self_attn.W_q, self.self_attn.W_k, self.self_attn.W_v)
+            for linear, w, b in zip(projections, weights, biases, strict=True):
+                linear.weight.copy_(w)
+                linear.bias.copy_(b)
             self.feed_forward.load_state_dict(
                 {
                     "linear1.weight": layer.linear1.weight,
@@ -449,6 +492,60 @@ class _GreedyTeacherForcedOnBos(tr.Transformer):
         return self(src, start, src_mask).argmax(-1)
 
 
+def _smoothing_without_log_softmax(logits, target, smoothing=0.1, ignore_index=-100):
+    """The log of the softmax, not log_softmax: -inf (then nan) on large logits."""
+    log_probs = torch.log(torch.softmax(logits.flatten(0, -2), dim=-1))
+    target = target.flatten()
+    keep = target != ignore_index
+    log_probs, target = log_probs[keep], target[keep]
+    nll = -log_probs[torch.arange(len(target)), target]
+    return ((1 - smoothing) * nll - smoothing * log_probs.mean(-1)).mean()
+
+
+def _smoothing_target_weight_only(logits, target, smoothing=0.1, ignore_index=-100):
+    """Scales the plain loss by (1 - eps) and forgets the uniform part."""
+    plain = F.cross_entropy(
+        logits.flatten(0, -2), target.flatten(), ignore_index=ignore_index
+    )
+    return (1 - smoothing) * plain
+
+
+def _smoothing_ignores_nothing(logits, target, smoothing=0.1, ignore_index=-100):
+    """Treats ignore_index as an ordinary class (valid here: padding label 0 or 3)."""
+    target = target.flatten().clamp_min(0)
+    return F.cross_entropy(logits.flatten(0, -2), target, label_smoothing=smoothing)
+
+
+def _smoothing_mean_over_sequences(logits, target, smoothing=0.1, ignore_index=-100):
+    """Averages each sequence first, then the sequences: wrong weights with padding."""
+    if logits.dim() == 2:
+        logits, target = logits[None], target[None]
+    per_sequence = [
+        F.cross_entropy(
+            lg, t, label_smoothing=smoothing, ignore_index=ignore_index
+        ).nan_to_num()
+        for lg, t in zip(logits, target, strict=True)
+    ]
+    return torch.stack(per_sequence).mean()
+
+
+def _schedule_linear_then_flat(step, d_model, warmup):
+    """Warm-up, then a constant rate: no decay."""
+    step = max(step, 1)
+    return d_model**-0.5 * min(step, warmup) * warmup**-1.5
+
+
+def _schedule_zero_based(step, d_model, warmup):
+    """Counts from step + 1 everywhere: one step ahead."""
+    step = step + 1
+    return d_model**-0.5 * min(step**-0.5, step * warmup**-1.5)
+
+
+def _schedule_sqrt_of_d_model(step, d_model, warmup):
+    step = max(step, 1)
+    return d_model**0.5 * min(step**-0.5, step * warmup**-1.5)
+
+
 INDEPENDENT_WRONG_ANSWERS = {
     "PositionwiseFeedForward": {
         _FFNNoOutputBias: ["ffn_values"],
@@ -488,6 +585,20 @@ INDEPENDENT_WRONG_ANSWERS = {
         _GreedyOneShort: ["transformer_greedy_decode"],
         _GreedyTeacherForcedOnBos: ["transformer_greedy_decode"],
     },
+    "label_smoothing_loss": {
+        _smoothing_without_log_softmax: ["label_smoothing_values"],
+        _smoothing_target_weight_only: [
+            "label_smoothing_values",
+            "label_smoothing_ignore_index",
+        ],
+        _smoothing_ignores_nothing: ["label_smoothing_ignore_index"],
+        _smoothing_mean_over_sequences: ["label_smoothing_ignore_index"],
+    },
+    "inverse_sqrt_schedule": {
+        _schedule_linear_then_flat: ["inverse_sqrt_schedule_values"],
+        _schedule_zero_based: ["inverse_sqrt_schedule_values"],
+        _schedule_sqrt_of_d_model: ["inverse_sqrt_schedule_values"],
+    },
 }
 
 
@@ -502,23 +613,21 @@ def test_independent_wrong_answers_fail(exercise, wrong, test_ids):
 
 
 class _OwnMHA(nn.Module):
-    """Attention by hand with nn.MultiheadAttention's parameter names: no PyTorch layer."""
+    """Attention by hand with chapter 4's parameter names, in einsum: no PyTorch layer."""
 
     def __init__(self, d_model, num_heads):
         super().__init__()
         self.num_heads = num_heads
-        self.in_proj_weight = nn.Parameter(torch.empty(3 * d_model, d_model))
-        self.in_proj_bias = nn.Parameter(torch.zeros(3 * d_model))
-        self.out_proj = nn.Linear(d_model, d_model)
-        nn.init.xavier_uniform_(self.in_proj_weight)
+        self.W_q, self.W_k, self.W_v, self.W_o = (
+            nn.Linear(d_model, d_model) for _ in range(4)
+        )
 
     def forward(self, query, key, value, mask=None):
-        w_q, w_k, w_v = self.in_proj_weight.chunk(3)
-        b_q, b_k, b_v = self.in_proj_bias.chunk(3)
         h = self.num_heads
-        q = torch.einsum("bnd,ed->bne", query, w_q) + b_q
-        k = torch.einsum("bnd,ed->bne", key, w_k) + b_k
-        v = torch.einsum("bnd,ed->bne", value, w_v) + b_v
+        q, k, v = (
+            torch.einsum("bnd,ed->bne", t, w.weight) + w.bias
+            for t, w in ((query, self.W_q), (key, self.W_k), (value, self.W_v))
+        )
         q, k, v = (t.unflatten(-1, (h, -1)) for t in (q, k, v))  # (B, n, h, d_head)
         scores = torch.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(q.size(-1))
         if mask is not None:
@@ -527,7 +636,20 @@ class _OwnMHA(nn.Module):
             )
         weights = scores.softmax(-1)
         out = torch.einsum("bhqk,bkhd->bqhd", weights, v).flatten(2)
-        return self.out_proj(out), weights
+        return self.W_o(out), weights
+
+    def load_from(self, mha):
+        with torch.no_grad():
+            for linear, w, b in zip(
+                (self.W_q, self.W_k, self.W_v),
+                mha.in_proj_weight.chunk(3),
+                mha.in_proj_bias.chunk(3),
+                strict=True,
+            ):
+                linear.weight.copy_(w)
+                linear.bias.copy_(b)
+            self.W_o.weight.copy_(mha.out_proj.weight)
+            self.W_o.bias.copy_(mha.out_proj.bias)
 
 
 def _layer_norm(t, norm):
@@ -590,7 +712,6 @@ class _EncoderLayerInline(nn.Module):
 
     def load_torch_weights(self, layer):
         mapping = {
-            "self_attn.": "self_attn.",
             "feed_forward.linear1.": "linear1.",
             "feed_forward.linear2.": "linear2.",
             "sublayers.0.norm.": "norm1.",
@@ -602,7 +723,8 @@ class _EncoderLayerInline(nn.Module):
             for ours, torch_name in mapping.items():
                 if name.startswith(ours):
                     state[name] = theirs[torch_name + name[len(ours) :]]
-        self.load_state_dict(state)
+        self.load_state_dict(state, strict=False)
+        self.self_attn.load_from(layer.self_attn)
 
 
 class _DecoderLayerInline(nn.Module):
@@ -712,6 +834,26 @@ class _TransformerOwnStyle(nn.Module):
         return tokens[:, 1:]
 
 
+def _smoothing_one_hot(logits, target, smoothing=0.1, ignore_index=-100):
+    """The smoothed target built as a tensor, in float64, masked sum over a count."""
+    vocab = logits.size(-1)
+    log_probs = F.log_softmax(logits.double(), dim=-1).reshape(-1, vocab)
+    target = target.reshape(-1)
+    keep = target.ne(ignore_index)
+    q = F.one_hot(target.where(keep, 0), vocab).double() * (1 - smoothing)
+    q = q + smoothing / vocab
+    per_token = -(q * log_probs).sum(-1)
+    return (per_token * keep).sum().div(keep.sum()).float()
+
+
+def _schedule_by_cases(step, d_model, warmup):
+    """Two branches instead of a min, with math.sqrt."""
+    step = step or 1
+    if step < warmup:
+        return step / (math.sqrt(d_model) * warmup * math.sqrt(warmup))
+    return 1.0 / math.sqrt(d_model * step)
+
+
 INDEPENDENT_CORRECT_ANSWERS = {
     "PositionwiseFeedForward": [_FFNFunctional],
     "SublayerConnection": [_SublayerByHand],
@@ -720,6 +862,8 @@ INDEPENDENT_CORRECT_ANSWERS = {
     "Encoder": [_EncoderWithReduce],
     "Decoder": [_DecoderIndexed],
     "Transformer": [_TransformerOwnStyle],
+    "label_smoothing_loss": [_smoothing_one_hot],
+    "inverse_sqrt_schedule": [_schedule_by_cases],
 }
 
 
@@ -727,3 +871,26 @@ INDEPENDENT_CORRECT_ANSWERS = {
 @pytest.mark.parametrize("seed", SEEDS)
 def test_independent_correct_answers_pass(exercise, right, seed):
     assert_right_answer_passes(CHAPTER, tr, exercise, right, seed)
+
+
+def test_label_smoothing_by_pytorchs_loss_earns_nothing():
+    """F.cross_entropy(label_smoothing=...) is the exercise done by PyTorch: refused."""
+    from autograder.delegation import FEATURES
+    from autograder.spec import load_chapter_tests
+    from tests.answers import verdicts
+
+    def delegating(logits, target, smoothing=0.1, ignore_index=-100):
+        return F.cross_entropy(
+            logits.flatten(0, -2), target.flatten(),
+            label_smoothing=smoothing, ignore_index=ignore_index,
+        )  # fmt: skip
+
+    tests = load_chapter_tests(CHAPTER)
+    smoothing = [t for t in tests.tests if t.exercise == "label_smoothing_loss"]
+    results = verdicts(
+        tests, {**vars(tr), "label_smoothing_loss": delegating}, 0, smoothing
+    )
+    for test in smoothing:
+        assert not results[test.id].passed
+        assert FEATURES["cross_entropy"].description in results[test.id].message
+    assert all(verdicts(tests, vars(tr), 0, smoothing)[t.id].passed for t in smoothing)

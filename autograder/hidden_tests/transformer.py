@@ -1,4 +1,4 @@
-"""Hidden tests for chapter 6, the Transformer (18 points)."""
+"""Hidden tests for chapter 6, the Transformer (23 points)."""
 
 import math
 
@@ -190,6 +190,9 @@ def _transformer_cases(g):
 
 
 def _greedy_cases(g):
+    # Models with random weights often predict one token whatever the decoder reads; small
+    # one-layer pre-norm models vary the most, so most cases use them, each with its own
+    # weights, so that a decoder that never feeds its tokens back is caught.
     cases = []
     for norm_first in (False, True):
         name = "pre-norm" if norm_first else "post-norm"
@@ -200,7 +203,72 @@ def _greedy_cases(g):
             case(_tokens(g, 9, 2, 4), 7, 0, src_mask=_padding([4, 2], 4), init=init,
                  method="greedy_decode", label=f"{name}, source padding mask"),
         ]  # fmt: skip
+    small = Init((13, 13, 8, 2, 16, 1), {"norm_first": True})
+    for i in range(3):
+        cases.append(
+            case(_tokens(g, 13, 4, 6), 6, 0, init=small, method="greedy_decode",
+                 label=f"pre-norm, one layer, d_model = 8, model {i + 1}"),
+        )  # fmt: skip
     return cases
+
+
+# The layers are built on the student's own chapter-4 attention: no PyTorch layer, no fused
+# attention behind them.
+_OWN_LAYERS = ("transformer_layer", "mha", "sdpa")
+
+
+def _smoothing_cases(g):
+    return [
+        case(_randn(g, 6, 5, scale=3.0), _tokens(g, 5, 6), 0.1, -100,
+             label="(N, V) = (6, 5), smoothing 0.1"),
+        case(_randn(g, 8, 11), _tokens(g, 11, 8), 0.0, -100,
+             label="smoothing 0: the plain cross-entropy"),
+        case(_randn(g, 5, 7), _tokens(g, 7, 5), 0.3, -100, label="smoothing 0.3"),
+        case(_randn(g, 4, 6, scale=40.0), _tokens(g, 6, 4), 0.1, -100,
+             label="large logits (log_softmax, not the log of the softmax)"),
+        case(_randn(g, 2, 3, 9), _tokens(g, 9, 2, 3), 0.2, -100,
+             label="(B, n, V) = (2, 3, 9) logits"),
+    ]  # fmt: skip
+
+
+def _smoothing_ignore_cases(g):
+    cases = []
+    for smoothing, ignore in ((0.1, 0), (0.25, 3)):
+        target = _tokens(g, 8, 3, 5)
+        target[0, 3:] = ignore
+        target[2, 1:] = ignore
+        target[1, 0] = (ignore + 1) % 8  # at least one target that counts
+        cases.append(
+            case(_randn(g, 3, 5, 8, scale=2.0), target, smoothing, ignore,
+                 label=f"(B, n, V) = (3, 5, 8), padding label {ignore} ignored"),
+        )  # fmt: skip
+    target = _tokens(g, 6, 7)
+    target[[1, 4]] = -100
+    cases.append(
+        case(_randn(g, 7, 6), target, 0.1, -100, label="(N, V), targets -100 ignored")
+    )
+    return cases
+
+
+def _schedule_cases(g):
+    return [
+        case(
+            step,
+            d_model,
+            warmup,
+            label=f"step {step}, d_model {d_model}, warmup {warmup}",
+        )
+        for step, d_model, warmup in (
+            (1, 512, 4000),
+            (100, 512, 4000),
+            (4000, 512, 4000),
+            (25_000, 512, 4000),
+            (3, 16, 10),
+            (10, 16, 10),
+            (40, 64, 10),
+            (0, 64, 10),
+        )
+    ]
 
 
 TESTS = [
@@ -227,7 +295,7 @@ TESTS = [
         description="self-attention and feed-forward sublayers, post-norm and pre-norm, with masks (True = may attend)",
         make_cases=_encoder_layer_cases,
         level="module",
-        forbidden=("transformer_layer",),
+        forbidden=_OWN_LAYERS,
     ),
     HiddenTest(
         id="encoder_layer_torch_weights",
@@ -236,7 +304,7 @@ TESTS = [
         description="after load_torch_weights, the layer computes what nn.TransformerEncoderLayer does, in both norm placements",
         make_cases=_encoder_layer_torch_cases,
         level="module",
-        forbidden=("transformer_layer",),
+        forbidden=_OWN_LAYERS,
     ),
     HiddenTest(
         id="decoder_layer_values",
@@ -245,7 +313,7 @@ TESTS = [
         description="causal self-attention, cross-attention to the memory and feed-forward, with masks",
         make_cases=_decoder_layer_cases,
         level="module",
-        forbidden=("transformer_layer",),
+        forbidden=_OWN_LAYERS,
     ),
     HiddenTest(
         id="decoder_layer_causal",
@@ -254,7 +322,7 @@ TESTS = [
         description="changing a future target token leaves the earlier outputs unchanged",
         make_cases=_decoder_layer_causal_cases,
         level="module",
-        forbidden=("transformer_layer",),
+        forbidden=_OWN_LAYERS,
     ),
     HiddenTest(
         id="encoder_stack",
@@ -263,7 +331,7 @@ TESTS = [
         description="num_layers encoder layers in order, with a final layer norm in pre-norm stacks",
         make_cases=_encoder_cases,
         level="model",
-        forbidden=("transformer_layer",),
+        forbidden=_OWN_LAYERS,
     ),
     HiddenTest(
         id="decoder_stack",
@@ -272,7 +340,7 @@ TESTS = [
         description="num_layers causal decoder layers attending to the memory, with a final layer norm in pre-norm stacks",
         make_cases=_decoder_cases,
         level="model",
-        forbidden=("transformer_layer",),
+        forbidden=_OWN_LAYERS,
     ),
     HiddenTest(
         id="transformer_forward",
@@ -281,7 +349,7 @@ TESTS = [
         description="scaled embeddings plus positions, encoder, decoder and output projection give the logits",
         make_cases=_transformer_cases,
         level="model",
-        forbidden=("transformer_layer",),
+        forbidden=_OWN_LAYERS,
     ),
     HiddenTest(
         id="transformer_greedy_decode",
@@ -290,12 +358,83 @@ TESTS = [
         description="greedy_decode appends the most probable next token max_len times, from the start token",
         make_cases=_greedy_cases,
         level="exact",
-        forbidden=("transformer_layer",),
+        forbidden=_OWN_LAYERS,
+    ),
+    HiddenTest(
+        id="label_smoothing_values",
+        exercise="label_smoothing_loss",
+        points=2,
+        description="(1 - eps) (-log p_y) + eps * mean over all V tokens of -log p_c, averaged, for (N, V) and (B, n, V) logits",
+        make_cases=_smoothing_cases,
+        level="op",
+        forbidden=("cross_entropy",),
+    ),
+    HiddenTest(
+        id="label_smoothing_ignore_index",
+        exercise="label_smoothing_loss",
+        points=1,
+        description="targets equal to ignore_index count neither in the sum nor in the mean",
+        make_cases=_smoothing_ignore_cases,
+        level="op",
+        forbidden=("cross_entropy",),
+    ),
+    HiddenTest(
+        id="inverse_sqrt_schedule_values",
+        exercise="inverse_sqrt_schedule",
+        points=2,
+        description="d_model^-0.5 min(step^-0.5, step warmup^-1.5), with step 0 taken as step 1",
+        make_cases=_schedule_cases,
+        level="op",
     ),
 ]
 
 
 # ---------------------------------------------------------------- plausible wrong answers
+
+
+def _smoothed(
+    *, spread="all", ignored_in_mean=False, on_probabilities=False, uniform="mean"
+):
+    """A label_smoothing_loss with one deliberate slip."""
+
+    def wrong(logits, target, smoothing=0.1, ignore_index=-100):
+        log_probs = torch.log_softmax(logits, dim=-1).flatten(0, -2)
+        target = target.flatten()
+        keep = target != ignore_index
+        safe = target.masked_fill(~keep, 0)
+        vocab = log_probs.size(-1)
+        nll = -log_probs.gather(1, safe[:, None]).squeeze(1)
+        if (
+            on_probabilities
+        ):  # smooth p, then take the log: -log((1 - eps) p_y + eps / V)
+            p_y = log_probs.exp().gather(1, safe[:, None]).squeeze(1)
+            loss = -torch.log((1 - smoothing) * p_y + smoothing / vocab)
+        elif spread == "others":  # eps / (V - 1) on the wrong tokens only
+            others = (-log_probs.sum(-1) - nll) / (vocab - 1)
+            loss = (1 - smoothing) * nll + smoothing * others
+        else:
+            total = -log_probs.sum(-1)
+            part = total if uniform == "sum" else total / vocab
+            loss = (1 - smoothing) * nll + smoothing * part
+        loss = loss * keep
+        return loss.sum() / (target.numel() if ignored_in_mean else keep.sum())
+
+    return wrong
+
+
+def _schedule(*, warmup_power=-1.5, guard=True, scale=True, pick=min):
+    """An inverse_sqrt_schedule with one deliberate slip."""
+
+    def wrong(step, d_model, warmup):
+        if guard:
+            step = max(step, 1)
+        decay = (
+            step**-0.5 if step > 0 else math.inf
+        )  # unguarded: the rate of step 0 is 0
+        rate = pick(decay, step * warmup**warmup_power)
+        return d_model**-0.5 * rate if scale else float(rate)
+
+    return wrong
 
 
 class _FFNNoReLU(ref.PositionwiseFeedForward):
@@ -611,7 +750,7 @@ MISTAKES = [
     Mistake(
         "EncoderLayer",
         "inverted mask",
-        "your mask looks inverted: our masks say True = may attend, and MHA converts them for PyTorch itself; pass the mask on unchanged.",
+        "your mask looks inverted: our masks say True = may attend, as chapter 4's MultiHeadAttention expects; pass the mask on unchanged.",
         _EncoderLayerInvertedMask,
     ),
     Mistake(
@@ -781,5 +920,53 @@ MISTAKES = [
         "predictions not fed back",
         "greedy_decode repeats its first prediction: append each new token to the decoder's input, and take the next token from the last position, logits[:, -1].",
         _greedy(feed_back=False),
+    ),
+    Mistake(
+        "label_smoothing_loss",
+        "smoothing over V - 1 tokens",
+        "your loss spreads the smoothing over the V - 1 wrong tokens: PyTorch (and Szegedy et al.) spread eps over all V tokens, the correct one included: (1 - eps) (-log p_y) + eps * mean_c (-log p_c).",
+        _smoothed(spread="others"),
+    ),
+    Mistake(
+        "label_smoothing_loss",
+        "ignored targets in the mean",
+        "your loss divides by every position, ignored ones included: average over the targets that are not ignore_index only.",
+        _smoothed(ignored_in_mean=True),
+    ),
+    Mistake(
+        "label_smoothing_loss",
+        "smoothing the probabilities",
+        "your loss looks like -log((1 - eps) p_y + eps / V): smooth the target distribution, not the model's probabilities, and take the cross-entropy -sum_c q_c log p_c.",
+        _smoothed(on_probabilities=True),
+    ),
+    Mistake(
+        "label_smoothing_loss",
+        "sum instead of mean over the vocabulary",
+        "your smoothing term is eps times the sum of -log p_c over the vocabulary: the uniform target puts eps / V on each token, so it is eps times the mean.",
+        _smoothed(uniform="sum"),
+    ),
+    Mistake(
+        "inverse_sqrt_schedule",
+        "warmup to the power -0.5",
+        "your warm-up looks too steep: the linear term is step * warmup^-1.5, so that both terms meet at step = warmup.",
+        _schedule(warmup_power=-0.5),
+    ),
+    Mistake(
+        "inverse_sqrt_schedule",
+        "step 0 not guarded",
+        "your rate at step 0 is 0 (or fails): take step 0 as step 1, so that the first update is not wasted.",
+        _schedule(guard=False),
+    ),
+    Mistake(
+        "inverse_sqrt_schedule",
+        "no d_model^-0.5",
+        "your rate is missing the factor d_model^-0.5.",
+        _schedule(scale=False),
+    ),
+    Mistake(
+        "inverse_sqrt_schedule",
+        "max instead of min",
+        "your rate keeps growing after the warm-up: take the min of step^-0.5 and step * warmup^-1.5, not the max.",
+        _schedule(pick=max),
     ),
 ]
