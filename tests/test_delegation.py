@@ -1,9 +1,13 @@
 """Delegation to PyTorch is recognised both ways: reading the code, and watching it run."""
 
-import torch
+import json
+import os
+import subprocess
+import sys
+
 import torch.nn.functional as F
 
-from autograder import probe
+from autograder import paths
 from autograder.delegation import (
     FEATURES,
     features_in,
@@ -261,20 +265,47 @@ def test_names_nothing_defines_are_injection_unless_given_or_builtin():
     assert static_tampering([source], "flash_attention", [star]) == []
 
 
-# The same evasions while they run, against the probe's watch in this process.
+# The same evasions while they run, against the probe's watch. Each runs in a child
+# process: an evasion that breaks PyTorch's profiler can abort or hang its process (in the
+# grader that is the student's own kernel, which then earns nothing), never this test run.
+
+_WATCH = """
+import json, sys, torch
+from autograder import probe
+from autograder.delegation import FEATURES
+source, before = json.loads(sys.stdin.read())
+exec(before, {"torch": torch})
+namespace = {}
+exec(compile(source, "<student>", "exec"), namespace)
+q = torch.randn(2, 3, 16, 8)
+watch = probe._Watch(sorted({*FEATURES["sdpa"].ops, *FEATURES["softmax"].ops}))
+try:
+    with watch:
+        namespace["flash_attention"](q, q, q)
+except Exception:
+    pass
+restored = probe._mode_stacks() == ([], [])
+print(json.dumps({"used": sorted(watch.used), "restored": restored}))
+"""
+CRASHED = "the evasion crashed or hung its own process"
 
 
-def _watched(source):
-    namespace = {}
-    exec(compile(source, "<student>", "exec"), namespace)
-    q = torch.randn(2, 3, 16, 8)
-    watch = probe._Watch(sorted({*FEATURES["sdpa"].ops, *FEATURES["softmax"].ops}))
+def _watched(source, before=""):
+    """What the watch recorded while ``source``'s flash_attention ran (``before`` runs
+    first), or CRASHED."""
     try:
-        with watch:
-            namespace["flash_attention"](q, q, q)
-    except Exception:  # noqa: BLE001 (a failing evasion is still seen)
-        pass
-    return sorted(watch.used)
+        run = subprocess.run(
+            [sys.executable, "-c", _WATCH], input=json.dumps([source, before]),
+            capture_output=True, text=True, timeout=60, cwd=paths.REPO,
+            env={**os.environ, "PYTHONPATH": str(paths.REPO)},
+        )  # fmt: skip
+    except subprocess.TimeoutExpired:
+        return CRASHED
+    if run.returncode != 0:
+        return CRASHED
+    result = json.loads(run.stdout.strip().splitlines()[-1])
+    assert result["restored"], "the watch's modes were left off their stacks"
+    return result["used"]
 
 
 RUNTIME = (
@@ -287,33 +318,29 @@ RUNTIME = (
 
 
 def test_switching_the_watch_off_is_seen_while_it_runs():
+    """Seen at run time, or the evasion broke its own kernel: either way it earns nothing
+    there (and `test_switching_the_watch_off_is_found_in_the_code` refuses each by reading)."""
     for name in RUNTIME:
         used = _watched(EVASIONS[name])
-        assert tampering_in(used) or features_in(used, ("sdpa",)), name
+        assert used == CRASHED or tampering_in(used) or features_in(used, ("sdpa",)), (
+            name
+        )
     # eval alone hides nothing at run time: it is plain delegation there
-    for name in ("issue", "pop_mode_stack", "restart_profiler"):
+    for name in ("issue", "pop_mode_stack"):
         assert tampering_in(_watched(EVASIONS[name])), name
-    # and the watch is back in place afterwards
-    assert not torch._C._autograd._profiler_enabled()
-    assert probe._mode_stacks() == ([], [])
 
 
 def test_a_profiler_left_running_is_tampering():
-    left = torch.autograd.profiler.profile(use_kineto=False)
-    left.__enter__()
-    try:
-        used = _watched(EVASIONS["issue"])
-    finally:
-        left.__exit__(None, None, None)
-    assert "a profiler was left running before the test" in tampering_in(used)
+    left = "torch.autograd.profiler.profile(use_kineto=False).__enter__()\n"
+    used = _watched(EVASIONS["issue"], before=left)
+    assert (
+        used == CRASHED
+        or "a profiler was left running before the test" in tampering_in(used)
+    )
 
 
 def test_a_replaced_profiler_is_tampering():
-    genuine = torch.autograd.profiler.profile
-    try:
-        used = _watched(EVASIONS["patch_called_at_top_level"])  # profile = a lambda
-    finally:
-        torch.autograd.profiler.profile = genuine
+    used = _watched(EVASIONS["patch_called_at_top_level"])  # profile = a lambda
     assert "PyTorch's profiler was replaced" in tampering_in(used)
 
 
