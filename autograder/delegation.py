@@ -566,6 +566,24 @@ def _parse(source: str) -> ast.Module | None:
         return None
 
 
+def _symbols(node: ast.AST, keep) -> set[str]:
+    """The names of ``node``'s symbols, in every scope, for which ``keep(symbol,
+    top_level)`` holds; none when it cannot be compiled."""
+    try:
+        table = symtable.symtable(ast.unparse(node), "<cell>", "exec")
+    except (SyntaxError, ValueError):
+        return set()
+    names = set()
+
+    def visit(t, top):
+        names.update(s.get_name() for s in t.get_symbols() if keep(s, top))
+        for child in t.get_children():
+            visit(child, False)
+
+    visit(table, True)
+    return names
+
+
 def _module_bindings(tree: ast.Module) -> set[str] | None:
     """Every name a cell binds at top level (or declares global and assigns); None when it
     star-imports (then what it binds is unknown)."""
@@ -574,45 +592,27 @@ def _module_bindings(tree: ast.Module) -> set[str] | None:
         for n in ast.walk(tree)
     ):
         return None
-    try:
-        table = symtable.symtable(ast.unparse(tree), "<cell>", "exec")
-    except (SyntaxError, ValueError):
-        return set()
-    bound = set()
-
-    def visit(t, top):
-        for s in t.get_symbols():
-            if (top and (s.is_assigned() or s.is_imported())) or (
-                s.is_declared_global() and s.is_assigned()
-            ):
-                bound.add(s.get_name())
-        for child in t.get_children():
-            visit(child, False)
-
-    visit(table, True)
-    return bound
+    return _symbols(
+        tree,
+        lambda s, top: (
+            (top and (s.is_assigned() or s.is_imported()))
+            or (s.is_declared_global() and s.is_assigned())
+        ),
+    )
 
 
 def _global_references(node: ast.AST) -> set[str]:
     """The global names a top-level definition or statement reads."""
-    try:
-        table = symtable.symtable(ast.unparse(node), "<cell>", "exec")
-    except (SyntaxError, ValueError):
-        return set()
-    refs = set()
-
-    def visit(t, top):
-        for s in t.get_symbols():
-            if s.is_referenced() and (
+    return _symbols(
+        node,
+        lambda s, top: (
+            s.is_referenced()
+            and (
                 (top and not (s.is_assigned() or s.is_imported()))
                 or (not top and s.is_global())
-            ):
-                refs.add(s.get_name())
-        for child in t.get_children():
-            visit(child, False)
-
-    visit(table, True)
-    return refs
+            )
+        ),
+    )
 
 
 def _is_provided(name: str) -> bool:
