@@ -615,6 +615,23 @@ def _global_references(node: ast.AST) -> set[str]:
     )
 
 
+def _names_outside_raise(node: ast.AST) -> set[str]:
+    """The names ``node`` reads anywhere but in a ``raise`` statement: what is only raised
+    can never compute a result."""
+    names = set()
+
+    def visit(n):
+        if isinstance(n, ast.Raise):
+            return
+        if isinstance(n, ast.Name):
+            names.add(n.id)
+        for child in ast.iter_child_nodes(n):
+            visit(child)
+
+    visit(node)
+    return names
+
+
 def _is_provided(name: str) -> bool:
     return (
         name in dir(builtins) or name in _IPYTHON or bool(_IPYTHON_RE.fullmatch(name))
@@ -658,19 +675,31 @@ def static_tampering(
             names, _ = _words(node)
             todo.extend(n for n in names if n in bound)
             if defined is not None:
-                for n in sorted(_global_references(node)):
+                used = _names_outside_raise(node)  # a misspelt exception is a bug
+                for n in sorted(_global_references(node) & used):
                     if n not in defined and not _is_provided(n):
-                        found.add(f"uses `{n}`, which nothing in the notebook defines")
+                        found.add(f"uses `{n}`, {UNDEFINED}")
     return sorted(found)
 
 
+UNDEFINED = "which nothing in the notebook defines"
+
+
 def refusal(
-    sources: list[str], exercise: str, forbidden: tuple[str, ...], given: list[str] = ()
+    sources: list[str],
+    exercise: str,
+    forbidden: tuple[str, ...],
+    given: list[str] = (),
+    passed: bool = True,
 ) -> str | None:
-    """Why a test that forbids ``forbidden`` earns nothing, read from the code; or None."""
+    """Why a test that forbids ``forbidden`` earns nothing, read from the code; or None.
+    A name nothing defines counts only against a ``passed`` test: in a failed one it is
+    a plain bug (a NameError), and the failure's own message says more."""
     if not forbidden:
         return None
     tampering = static_tampering(sources, exercise, given)
+    if not passed:
+        tampering = [t for t in tampering if UNDEFINED not in t]
     if tampering:
         return tamper_message(exercise, tampering)
     found = static_uses(sources, exercise, forbidden)

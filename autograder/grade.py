@@ -315,12 +315,14 @@ def _student_sources(nb, tests: ChapterTests) -> list[str]:
 
 def _refuse_delegation(verdicts: list[Verdict], nb, tests: ChapterTests) -> None:
     """A test whose exercise reaches a forbidden PyTorch feature in its code, or whose
-    code works around the run-time watch, earns nothing."""
+    code works around the run-time watch, earns nothing, and says why."""
     sources = _student_sources(nb, tests)
     given = [source for source, _ in _given_cells(tests.chapter)]
     for i, v in enumerate(verdicts):
         test = tests.test(v.test_id)
-        refusal = delegation.refusal(sources, test.exercise, test.forbidden, given)
+        refusal = delegation.refusal(
+            sources, test.exercise, test.forbidden, given, v.passed
+        )
         if refusal:
             verdicts[i] = Verdict(v.test_id, v.points, False, refusal)
 

@@ -256,6 +256,28 @@ def test_ordinary_answers_are_not_tampering():
     assert static_tampering([OWN], "SelfAttention") == []
 
 
+def test_a_misspelt_exception_is_a_bug_not_injection():
+    source = (
+        "def flash_attention(q, k, v):\n"
+        "    if q.dim() != 4:\n"
+        "        raise ValueErorr('q must be (B, h, n, d)')\n"
+        "    return q\n"
+    )
+    assert _tampering(source) == []
+    assert any(
+        "`helper`" in f
+        for f in _tampering(source.replace("return q", "return helper(q)"))
+    )
+
+
+def test_a_name_nothing_defines_is_refused_only_in_a_passed_test():
+    source = "def flash_attention(q, k, v):\n    return q * scale\n"  # NameError
+    assert "ask your instructor" in refusal([source], "flash_attention", ("sdpa",))
+    assert refusal([source], "flash_attention", ("sdpa",), passed=False) is None
+    hidden = ISSUE_EVASION  # real tampering is refused whether the test passed or not
+    assert refusal([hidden], "flash_attention", ("sdpa",), passed=False) is not None
+
+
 def test_names_nothing_defines_are_injection_unless_given_or_builtin():
     source = "def flash_attention(q, k, v):\n    return helper(q, k, v) + len(q)\n"
     assert any("`helper`" in f for f in _tampering(source))
