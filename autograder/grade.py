@@ -49,12 +49,23 @@ def _defined_names(nb) -> set[str]:
     return names
 
 
-def detect_chapter(nb) -> str | None:
-    """The chapter whose graded cells and exercise names this notebook shares most."""
+# CPython 3.11's ast.parse is not thread-safe ("SystemError: AST constructor recursion
+# depth mismatch" when two threads parse at once): the workers of a batch take turns to
+# read code.
+_READING_CODE = threading.Lock()
+
+
+def _fingerprint(nb) -> tuple[set, set[str]]:
+    """The notebook's grade ids and top-level definitions; fails on cells that are not
+    cells (the submission's fault)."""
     grade_ids = {
         c.get("metadata", {}).get("nbgrader", {}).get("grade_id") for c in nb.cells
     }
-    names = _defined_names(nb)
+    return grade_ids, _defined_names(nb)
+
+
+def detect_chapter(grade_ids: set, names: set[str]) -> str | None:
+    """The chapter whose graded cells and exercise names a notebook shares most."""
     best, best_score = None, 0
     for chapter in graded_chapters():
         try:
@@ -183,13 +194,28 @@ def _grade_notebook(path, assignment, seed, limits, sandbox, retry, batch) -> di
     tests = _set_assignment(result, assignment) if assignment else None
     try:
         nb = nbformat.read(path, as_version=4)
-        detected = detect_chapter(nb)  # also fails on cells that are not cells
+        with _READING_CODE:
+            fingerprint = _fingerprint(nb)
+    except (
+        SystemError,
+        RecursionError,
+        MemoryError,
+    ) as exc:  # not the file: the grader
+        return _not_graded(
+            result, f"the grader failed reading the notebook ({exc!r:.200})"
+        )
     except Exception as exc:  # noqa: BLE001 (any unreadable file gets a grade and a message)
         why = f"{type(exc).__name__}: {str(exc)[:200]}"
         return _ungraded(
             result,
             f"could not read the notebook ({why})",
             "the notebook could not be read",
+        )
+    try:
+        detected = detect_chapter(*fingerprint)
+    except Exception as exc:  # noqa: BLE001 (the grader's fault, never the submission's)
+        return _not_graded(
+            result, f"the grader could not load the chapters' tests ({exc!r:.200})"
         )
     if tests is None:
         if detected is None:
@@ -351,7 +377,8 @@ def _grade(
         judge(tests, p.test, p.cases, p.plans, p.expected, g, reason)
         for p, g in zip(prepared, got, strict=True)
     ]
-    _refuse_delegation(verdicts, nb, tests)
+    with _READING_CODE:
+        _refuse_delegation(verdicts, nb, tests)
     return verdicts, run, end
 
 
@@ -374,6 +401,10 @@ def grade_many(
 
     seed = secrets.randbits(32) if seed is None else seed
     limits = limits or Limits()
+    # Import every chapter's tests and reference here, once, before the workers start:
+    # imported first by two threads at once, a module can be seen half-initialised.
+    for chapter in graded_chapters():
+        load_chapter_tests(chapter).reference()
     folders = sorted({Path(p).resolve().parent for p in paths})
     sandbox = Sandbox(limits, hide=folders) if sandboxed else Unsandboxed(limits)
     with sandbox:
