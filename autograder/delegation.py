@@ -21,6 +21,7 @@ import importlib.util
 import re
 import symtable
 import sys
+from collections.abc import Iterator
 from typing import NamedTuple
 
 
@@ -192,17 +193,24 @@ def _not_calls(node: ast.AST) -> set[int]:
     return skip
 
 
+def _walk(node: ast.AST, skip) -> Iterator[ast.AST]:
+    """Every node under ``node`` (itself included) but the subtrees for which
+    ``skip(subnode)`` holds."""
+    todo = [node]
+    while todo:
+        sub = todo.pop()
+        if skip(sub):
+            continue
+        todo.extend(ast.iter_child_nodes(sub))
+        yield sub
+
+
 def _words(node: ast.AST) -> tuple[set[str], set[str]]:
     """Under ``node``: bare names (which may be the student's own, to follow), and words
     that always refer to something else: attribute names, imported names, strings."""
     names, words = set(), set()
     skip = _not_calls(node)
-    todo = [node]
-    while todo:
-        sub = todo.pop()
-        if id(sub) in skip:
-            continue
-        todo.extend(ast.iter_child_nodes(sub))
+    for sub in _walk(node, lambda n: id(n) in skip):
         if isinstance(sub, ast.Name):
             names.add(sub.id)
         elif isinstance(sub, ast.Attribute):
@@ -453,12 +461,7 @@ def _tampering(node: ast.AST, top_level: bool = False) -> set[str]:
         for part in ast.walk(item.context_expr)
     }
     found = set()
-    todo = [node]
-    while todo:
-        sub = todo.pop()
-        if id(sub) in skip:
-            continue
-        todo.extend(ast.iter_child_nodes(sub))
+    for sub in _walk(node, lambda n: id(n) in skip):
         if isinstance(sub, ast.Name) and sub.id in names:
             found.add(names[sub.id])
         elif isinstance(sub, ast.Attribute):
@@ -618,18 +621,11 @@ def _global_references(node: ast.AST) -> set[str]:
 def _names_outside_raise(node: ast.AST) -> set[str]:
     """The names ``node`` reads anywhere but in a ``raise`` statement: what is only raised
     can never compute a result."""
-    names = set()
-
-    def visit(n):
-        if isinstance(n, ast.Raise):
-            return
-        if isinstance(n, ast.Name):
-            names.add(n.id)
-        for child in ast.iter_child_nodes(n):
-            visit(child)
-
-    visit(node)
-    return names
+    return {
+        n.id
+        for n in _walk(node, lambda n: isinstance(n, ast.Raise))
+        if isinstance(n, ast.Name)
+    }
 
 
 def _is_provided(name: str) -> bool:
