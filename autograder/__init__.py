@@ -1,5 +1,9 @@
-"""Build and grade the course: chapter sources + solutions + hidden tests -> nbgrader notebooks -> grades.
+"""The course's machinery, one job per subpackage.
 
-``python -m autograder build`` derives every notebook; ``python -m autograder grade`` grades
-student notebooks. This folder is also the nbgrader course root (see ``nbgrader_config.py``).
+- ``build``: chapter sources + solutions + hidden tests -> the nbgrader source and student
+  notebooks (``python -m autograder build``).
+- ``grading``: a submission run in the sandbox and judged (``python -m autograder grade``,
+  ``autograde``; nbgrader's ``autograde`` through ``grading.nbgrader_bridge``).
+- ``hidden_tests``: authored, one module per chapter: the hidden tests and known mistakes.
+- ``course``: nbgrader's course root (its config, ``source/``, ``release/``, the gradebook).
 """

@@ -46,7 +46,7 @@ def _book(args) -> int:
 
 
 def _limits(args):
-    from autograder.limits import Limits
+    from autograder.grading.limits import Limits
 
     return Limits(
         cell=args.cell_timeout,
@@ -62,9 +62,9 @@ def _limits(args):
 
 
 def _grade(args) -> int:
-    from autograder.grade import STOPPED, grade_many
-    from autograder.sandbox import SandboxUnavailable
-    from autograder.spec import graded_chapters
+    from autograder.grading.grade import STOPPED, grade_many
+    from autograder.grading.sandbox import SandboxUnavailable
+    from autograder.grading.spec import graded_chapters
 
     if args.assignment is not None and args.assignment not in graded_chapters():
         print(
@@ -101,9 +101,9 @@ def _grade(args) -> int:
 
 
 def _autograde(args) -> int:
-    from autograder import autograde as ag
-    from autograder.sandbox import SandboxUnavailable
-    from autograder.spec import graded_chapters
+    from autograder.grading import autograde as ag
+    from autograder.grading.sandbox import SandboxUnavailable
+    from autograder.grading.spec import graded_chapters
 
     if args.assignment not in graded_chapters():
         print(f"unknown assignment {args.assignment!r}", file=sys.stderr)
@@ -161,7 +161,7 @@ def _autograde(args) -> int:
 
 
 def _report_not_autograded(root, assignment: str, results: list[dict]) -> None:
-    from autograder.autograde import not_autograded
+    from autograder.grading.autograde import not_autograded
 
     for student in not_autograded(root, assignment, results):
         print(
@@ -171,7 +171,7 @@ def _report_not_autograded(root, assignment: str, results: list[dict]) -> None:
 
 
 def _merge(args) -> int:
-    from autograder import autograde as ag
+    from autograder.grading import autograde as ag
 
     root = ag.course_root(args.course_dir)
     results = [
@@ -188,7 +188,7 @@ def _merge(args) -> int:
 
 
 def _check(args) -> int:
-    from autograder.check import check
+    from autograder.grading.check import check
 
     return check(_limits(args))
 
@@ -213,7 +213,7 @@ def _report(result: dict, as_json: bool) -> None:
 
 def _limit_arguments(command) -> None:
     """The limits' flags; their defaults come from ``Limits``, the one place they are set."""
-    from autograder.limits import Limits
+    from autograder.grading.limits import Limits
 
     d = Limits()
     for flag, name, kind, text in (

@@ -7,7 +7,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 CHAPTERS = REPO / "chapters"
-COURSE_ROOT = REPO / "autograder"  # the nbgrader course directory
+COURSE_ROOT = REPO / "autograder" / "course"  # nbgrader's course directory
 COURSE_UTILS = CHAPTERS / "course_utils.py"
 
 _CHAPTER_ID = re.compile(r"^(\d\d)_([a-z0-9_]+)$")

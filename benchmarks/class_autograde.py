@@ -36,7 +36,7 @@ sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]
 
 from grading import KINDS, PLAIN_CONFIG  # noqa: E402
 
-from autograder.nbgrader_bridge import COURSE_ID  # noqa: E402
+from autograder.grading.nbgrader_bridge import COURSE_ID  # noqa: E402
 from autograder.paths import COURSE_ROOT  # noqa: E402
 from tests.conftest import student_notebook, write  # noqa: E402
 

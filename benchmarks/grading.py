@@ -23,7 +23,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from autograder.grade import grade_many  # noqa: E402
+from autograder.grading.grade import grade_many  # noqa: E402
 from tests.conftest import release_notebook, student_notebook, write  # noqa: E402
 
 CHAPTER = "03_self_attention"

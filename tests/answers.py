@@ -15,10 +15,10 @@ from types import ModuleType
 
 import pytest
 
-from autograder import probe
-from autograder.judge import judge
-from autograder.prepare import prepare
-from autograder.spec import load_chapter_tests
+from autograder.grading import probe
+from autograder.grading.judge import judge
+from autograder.grading.prepare import prepare
+from autograder.grading.spec import load_chapter_tests
 
 SEEDS = [0, 1, 2]
 

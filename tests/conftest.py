@@ -7,8 +7,8 @@ import nbformat
 import pytest
 
 from autograder import paths
-from autograder.solution_cells import BEGIN, END
-from autograder.spec import graded_chapters
+from autograder.build.solution_cells import BEGIN, END
+from autograder.grading.spec import graded_chapters
 
 CHAPTERS = graded_chapters()
 

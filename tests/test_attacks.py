@@ -76,7 +76,7 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         pass
 
 sys.meta_path.insert(0, _Finder())
-for name in ["autograder", "autograder.judge", "autograder.probe", "solutions",
+for name in ["autograder", "autograder.grading.judge", "autograder.grading.probe", "solutions",
              "solutions.self_attention", "nbgrader", "_grader_probe"]:
     sys.modules[name] = _Fake(name)
 """
@@ -104,7 +104,7 @@ try:
     stolen["import"] = True
 except Exception as exc:
     print("no import:", exc)
-for path in ["{REPO}/autograder/source/{CHAPTER}/{CHAPTER}.ipynb",
+for path in ["{REPO}/autograder/course/source/{CHAPTER}/{CHAPTER}.ipynb",
              *[p for top in ("/tmp", "/submission", "/root", "/home", "/work")
                for p in glob.glob(top + "/**/source/{CHAPTER}/*.ipynb", recursive=True)]]:
     try:

@@ -270,7 +270,7 @@ def test_chapter_page_reads_well_in_a_browser(visit, chapter):
 @pytest.mark.parametrize("chapter", chapter_ids())
 def test_launch_links_open_the_chapters_student_notebook(html, visit, chapter):
     report, _ = visit(_chapter_page(chapter))
-    notebook = f"autograder/release/{chapter}/{chapter}.ipynb"
+    notebook = f"autograder/course/release/{chapter}/{chapter}.ipynb"
     assert (REPO / notebook).exists()
     bar = {link["text"]: link["href"] for link in report["bar"]}
     org_repo = urlparse(REPOSITORY).path.strip("/")

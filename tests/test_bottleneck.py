@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from autograder.spec import load_chapter_tests
+from autograder.grading.spec import load_chapter_tests
 from solutions import bottleneck as bn
 from tests.answers import (
     SEEDS,

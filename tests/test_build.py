@@ -9,8 +9,8 @@ import pytest
 
 from autograder import paths
 from autograder.build import stale_files
-from autograder.solution_cells import exercise_names
-from autograder.spec import load_chapter_tests
+from autograder.build.solution_cells import exercise_names
+from autograder.grading.spec import load_chapter_tests
 from tests.conftest import CHAPTERS, answers, release_notebook, source_notebook
 
 NOTEBOOK_PRELUDE = (

@@ -11,8 +11,8 @@ import pytest
 from nbgrader.api import Gradebook, MissingEntry
 
 from autograder import paths
-from autograder.autograde import in_shard
-from autograder.nbgrader_bridge import COURSE_ID
+from autograder.grading.autograde import in_shard
+from autograder.grading.nbgrader_bridge import COURSE_ID
 from tests.conftest import release_notebook, student_notebook, write
 
 pytestmark = pytest.mark.slow

@@ -8,7 +8,7 @@ import sys
 import torch.nn.functional as F
 
 from autograder import paths
-from autograder.delegation import (
+from autograder.grading.delegation import (
     FEATURES,
     features_in,
     refusal,
@@ -16,7 +16,7 @@ from autograder.delegation import (
     static_uses,
     tampering_in,
 )
-from autograder.spec import load_chapter_tests
+from autograder.grading.spec import load_chapter_tests
 from solutions import self_attention as sa
 from tests.answers import verdicts
 
@@ -293,8 +293,8 @@ def test_names_nothing_defines_are_injection_unless_given_or_builtin():
 
 _WATCH = """
 import json, sys, torch
-from autograder import probe
-from autograder.delegation import FEATURES
+from autograder.grading import probe
+from autograder.grading.delegation import FEATURES
 source, before = json.loads(sys.stdin.read())
 exec(before, {"torch": torch})
 namespace = {}

@@ -15,11 +15,11 @@ import nbformat
 import pytest
 
 from autograder import paths
-from autograder.grade import Batch, grade_many, grade_notebook
-from autograder.limits import Limits
-from autograder.preflight import prove
-from autograder.sandbox import Sandbox, SandboxUnavailable
-from autograder.sandbox.diagnose import APPARMOR_PROFILE, cause
+from autograder.grading.grade import Batch, grade_many, grade_notebook
+from autograder.grading.limits import Limits
+from autograder.grading.preflight import prove
+from autograder.grading.sandbox import Sandbox, SandboxUnavailable
+from autograder.grading.sandbox.diagnose import APPARMOR_PROFILE, cause
 from tests.conftest import release_notebook, student_notebook, write
 from tests.test_sandbox import run_cells
 
@@ -106,8 +106,8 @@ def test_a_batch_whose_kernels_fail_to_start_stops_and_records_no_grade(tmp_path
 
 _IMPORTS_IN_JAIL = """
 import sys
-from autograder.sandbox import Sandbox
-from autograder.preflight import prove
+from autograder.grading.sandbox import Sandbox
+from autograder.grading.preflight import prove
 from tests.test_sandbox import run_cells
 with Sandbox() as sandbox:
     prove(sandbox)

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from autograder.spec import load_chapter_tests
+from autograder.grading.spec import load_chapter_tests
 from solutions import self_attention as sa
 from tests.answers import (
     SEEDS,

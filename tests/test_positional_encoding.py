@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from autograder.spec import load_chapter_tests
+from autograder.grading.spec import load_chapter_tests
 from solutions import positional_encoding as pe
 from tests.answers import (
     SEEDS,

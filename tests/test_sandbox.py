@@ -5,8 +5,8 @@ import pytest
 from nbclient import NotebookClient
 
 from autograder import paths
-from autograder.limits import Limits
-from autograder.sandbox import Sandbox
+from autograder.grading.limits import Limits
+from autograder.grading.sandbox import Sandbox
 
 pytestmark = pytest.mark.slow
 

@@ -875,8 +875,8 @@ def test_independent_correct_answers_pass(exercise, right, seed):
 
 def test_label_smoothing_by_pytorchs_loss_earns_nothing():
     """F.cross_entropy(label_smoothing=...) is the exercise done by PyTorch: refused."""
-    from autograder.delegation import FEATURES
-    from autograder.spec import load_chapter_tests
+    from autograder.grading.delegation import FEATURES
+    from autograder.grading.spec import load_chapter_tests
     from tests.answers import verdicts
 
     def delegating(logits, target, smoothing=0.1, ignore_index=-100):

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from autograder.grade import grade_notebook
+from autograder.grading.grade import grade_notebook
 
 CHAPTER = "03_self_attention"
 
@@ -64,7 +64,7 @@ def test_a_parser_fault_is_no_grade(tmp_path, monkeypatch):
     mismatch") when two threads parse at once. The workers take turns
     (``grade._READING_CODE``), and should the parser still fail, that is the grader's
     fault: no grade, never the zero of an unreadable file."""
-    from autograder import grade
+    from autograder.grading import grade
     from tests.conftest import student_notebook, write
 
     def fails(nb):

@@ -1,1 +1,1 @@
-"""Hidden tests, one module per chapter (named like its ``solutions`` module). See ``autograder.spec``."""
+"""Hidden tests, one module per chapter (named like its ``solutions`` module). See ``autograder.grading.spec``."""

@@ -11,7 +11,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from autograder.spec import HiddenTest, Init, Mistake, case
+from autograder.grading.spec import HiddenTest, Init, Mistake, case
 from solutions import beyond_sequences as ref
 
 

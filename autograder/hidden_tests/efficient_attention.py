@@ -11,7 +11,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from autograder.spec import HiddenTest, Mistake, case
+from autograder.grading.spec import HiddenTest, Mistake, case
 from solutions import efficient_attention as ref
 
 

@@ -5,7 +5,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from autograder.spec import HiddenTest, Init, Mistake, case, torch_layer
+from autograder.grading.spec import HiddenTest, Init, Mistake, case, torch_layer
 from solutions import multi_head as ref
 
 

@@ -10,7 +10,7 @@ import math
 
 import torch
 
-from autograder.spec import HiddenTest, Init, Mistake, case
+from autograder.grading.spec import HiddenTest, Init, Mistake, case
 from solutions import positional_encoding as ref
 
 # ---------------------------------------------------------------------------------- cases

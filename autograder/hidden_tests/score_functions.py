@@ -9,7 +9,7 @@ import math
 
 import torch
 
-from autograder.spec import HiddenTest, Mistake, case, notebook_function
+from autograder.grading.spec import HiddenTest, Mistake, case, notebook_function
 from solutions import score_functions as ref
 
 

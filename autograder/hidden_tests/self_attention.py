@@ -4,7 +4,7 @@ import math
 
 import torch
 
-from autograder.spec import HiddenTest, Init, Mistake, case
+from autograder.grading.spec import HiddenTest, Init, Mistake, case
 from solutions import self_attention as ref
 
 

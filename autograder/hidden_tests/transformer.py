@@ -5,7 +5,7 @@ import math
 import torch
 from torch import nn
 
-from autograder.spec import HiddenTest, Init, Mistake, case, torch_layer
+from autograder.grading.spec import HiddenTest, Init, Mistake, case, torch_layer
 from solutions import transformer as ref
 
 

@@ -2,7 +2,7 @@
 
 1. Every chapter page (docname ``chapters/NN_name/NN_name``) gets a bar under its title:
    *Open in Colab*, *Launch on Binder* and *Download the student notebook*. All three lead
-   to the student notebook ``autograder/release/NN_name/NN_name.ipynb``, not to the page's
+   to the student notebook ``autograder/course/release/NN_name/NN_name.ipynb``, not to the page's
    MyST source (which Colab cannot open and which imports the reference answers). The
    notebook is copied into the built book, so the download works offline.
 2. Jupyter Book's own launch buttons (Binder, JupyterHub, Colab) and its ``.ipynb`` download
@@ -47,7 +47,7 @@ def chapter_of(docname: str) -> str | None:
 
 def student_notebook(chapter: str) -> str:
     """The student notebook's path in the repository."""
-    return f"autograder/release/{chapter}/{chapter}.ipynb"
+    return f"autograder/course/release/{chapter}/{chapter}.ipynb"
 
 
 def _repository(app: Sphinx) -> tuple[str, str, str]:

@@ -1,0 +1,290 @@
+"""Derive every notebook from the three sources: chapters, solutions and hidden tests.
+
+For each chapter that has hidden tests:
+
+1. ``chapters/<ch>/<ch>.md`` (MyST, read with jupytext) becomes the nbgrader *source*
+   notebook ``autograder/course/source/<ch>/<ch>.ipynb``: book-only cells dropped, MyST turned
+   into Markdown that Jupyter renders, the course helpers inlined, reference bodies fenced into the exercise stubs, and after each
+   exercise's visible checks one graded cell per hidden test.
+2. ``nbgrader generate_assignment`` makes the *student* notebook
+   ``autograder/course/release/<ch>/<ch>.ipynb`` from it.
+
+The student notebook's first code cell sets it up on Colab (``colab_setup_cell``) and does
+nothing elsewhere. ``check()`` builds into a temporary course and reports committed files
+that are stale.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import jupytext
+import nbformat
+
+from autograder import paths
+from autograder.build.solution_cells import exercise_names, fill_solutions
+from autograder.build.student_markdown import to_jupyter_markdown
+from autograder.grading.spec import (
+    ChapterTests,
+    HiddenTest,
+    graded_chapters,
+    load_chapter_tests,
+)
+
+BOOK_ONLY_TAGS = {
+    "book-only",
+    "remove-cell",
+    "skip-execution",
+    "remove-input",
+    "remove-output",
+    "hide-input",
+}
+
+
+class BuildError(RuntimeError):
+    pass
+
+
+def _nbgrader(
+    grade_id: str, *, solution=False, grade=False, locked=False, points=None
+) -> dict:
+    meta = {
+        "grade": grade,
+        "grade_id": grade_id,
+        "locked": locked,
+        "schema_version": 3,
+        "solution": solution,
+        "task": False,
+    }
+    if grade:
+        meta["points"] = points
+    return {"nbgrader": meta}
+
+
+def _tags(cell) -> list[str]:
+    return list(cell.get("metadata", {}).get("tags", []))
+
+
+def _inline_course_utils(source: str) -> str:
+    """Replace ``from course_utils import ...`` by the module itself, so notebooks stand alone."""
+    text = paths.COURSE_UTILS.read_text()
+    docstring = ast.parse(text).body[
+        0
+    ]  # the module docstring speaks to maintainers: leave it out
+    module = "\n".join(text.splitlines()[docstring.end_lineno :]).strip("\n")
+    header = (
+        "# @title Course helpers: run this cell (no need to read it)\n"  # Colab folds it
+        "# Shared by every chapter: a copy of chapters/course_utils.py."
+    )
+    lines = source.splitlines()
+    for node in reversed(ast.parse(source).body):
+        if isinstance(node, ast.ImportFrom) and node.module == "course_utils":
+            lines[node.lineno - 1 : node.end_lineno] = [header, module, ""]
+    return "\n".join(lines)
+
+
+# Pinned distributions whose import name is not their name on PyPI.
+IMPORT_NAMES = {"scikit_learn": "sklearn"}
+
+
+def _pins() -> dict[str, str]:
+    """``{module: "name==version"}`` for every package pinned in requirements.txt, keyed by
+    the name a notebook imports (``sklearn`` for scikit-learn)."""
+    pins = {}
+    for line in (paths.REPO / "requirements.txt").read_text().splitlines():
+        pin = line.split("#")[0].strip()
+        if "==" in pin:
+            name = pin.split("==")[0].strip().lower().replace("-", "_")
+            pins[IMPORT_NAMES.get(name, name)] = pin
+    return pins
+
+
+COLAB_SETUP = """\
+# @title Set-up on Colab: run this cell first (elsewhere it does nothing)
+# Colab comes with PyTorch, matplotlib and tqdm; this installs only what is missing, at
+# the versions the course pins (requirements.txt in the course repository).
+import importlib.util
+import subprocess
+import sys
+
+if "google.colab" in sys.modules:
+    pins = {PINS}
+    missing = [
+        pin for module, pin in pins.items() if not importlib.util.find_spec(module)
+    ]
+    if missing:
+        subprocess.run(
+            [sys.executable, "-m", "pip", "install", "-q", *missing], check=True
+        )"""
+
+
+def colab_setup_cell(cells):
+    """The first code cell of a student notebook: on Colab, install what the notebook imports
+    and Colab lacks, at the versions pinned in requirements.txt; elsewhere, nothing."""
+    code = "\n".join(c.source for c in cells if c.cell_type == "code")
+    imported = set(re.findall(r"^\s*(?:import|from)\s+([A-Za-z_]\w*)", code, re.M))
+    pins = "".join(
+        f'\n        "{module}": "{pin}",'
+        for module, pin in sorted(_pins().items())
+        if module in imported
+    )
+    cell = nbformat.v4.new_code_cell(
+        COLAB_SETUP.replace("{PINS}", "{" + pins + ("\n    }" if pins else "}"))
+    )
+    cell.metadata.update(_nbgrader("colab_setup", locked=True))
+    cell.metadata["cellView"] = "form"  # folded in Colab, under its title
+    return cell
+
+
+def hidden_test_cell(chapter: str, test: HiddenTest):
+    source = "\n".join(
+        [
+            f"# Hidden test `{test.id}` ({test.points:g} point{'s' if test.points != 1 else ''}): {test.description}.",
+            "# It runs when your notebook is graded, on inputs drawn at grading time.",
+            "### BEGIN HIDDEN TESTS",
+            "from autograder.grading.nbgrader_bridge import run_hidden_test",
+            "",
+            f'run_hidden_test("{chapter}", "{test.id}", globals())',
+            "### END HIDDEN TESTS",
+        ]
+    )
+    cell = nbformat.v4.new_code_cell(source)
+    cell.metadata = _nbgrader(test.id, grade=True, locked=True, points=test.points)
+    return cell
+
+
+def source_notebook(chapter: str, tests: ChapterTests):
+    """The nbgrader source notebook of one chapter (solutions and hidden tests included)."""
+    md = jupytext.read(paths.chapter_source(chapter))
+    reference = (
+        paths.REPO / "solutions" / f"{paths.module_name(chapter)}.py"
+    ).read_text()
+    cells, pending, defined = [], [], []
+    for cell in md.cells:
+        tags = _tags(cell)
+        if "book-only" in tags:
+            continue
+        kept_tags = [t for t in tags if t not in BOOK_ONLY_TAGS]
+        if cell.cell_type == "markdown":
+            new = nbformat.v4.new_markdown_cell(to_jupyter_markdown(cell.source))
+        else:
+            new = nbformat.v4.new_code_cell(cell.source)
+        if kept_tags:
+            new.metadata["tags"] = kept_tags
+        if "course-utils" in tags:
+            new.source = _inline_course_utils(cell.source)
+            new.metadata.update(_nbgrader("course_utils", locked=True))
+            new.metadata["jupyter"] = {"source_hidden": True}  # folded in JupyterLab
+            new.metadata["cellView"] = "form"  # folded in Colab
+        elif "exercise" in tags:
+            names = exercise_names(cell.source)
+            new.source = fill_solutions(
+                cell.source, reference, f"{chapter}, exercise cell {names}"
+            )
+            new.metadata.update(_nbgrader(f"exercise_{names[0]}", solution=True))
+            pending = [t for t in tests.tests if t.exercise in names]
+            defined += names
+        elif "checks" in tags:
+            new.metadata.update(
+                _nbgrader(
+                    f"checks_{defined[-1] if defined else len(cells)}", locked=True
+                )
+            )
+        cells.append(new)
+        if "checks" in tags:
+            cells += [hidden_test_cell(chapter, t) for t in pending]
+            pending = []
+    placed = {c.metadata.get("nbgrader", {}).get("grade_id") for c in cells}
+    unplaced = [t.id for t in tests.tests if t.id not in placed]
+    if unplaced:
+        raise BuildError(
+            f"{chapter}: hidden tests {unplaced} have no exercise cell followed by a checks cell"
+        )
+    undefined = set(tests.exercises) - set(defined)
+    if undefined:
+        raise BuildError(
+            f"{chapter}: hidden tests name exercises no exercise cell defines: {sorted(undefined)}"
+        )
+    first_code = next(i for i, c in enumerate(cells) if c.cell_type == "code")
+    cells.insert(first_code, colab_setup_cell(cells))
+    for i, cell in enumerate(cells):
+        grade_id = cell.metadata.get("nbgrader", {}).get("grade_id")
+        cell.id = grade_id.replace("_", "-") if grade_id else f"cell-{i:03d}"
+    nb = nbformat.v4.new_notebook(cells=cells)
+    nb.metadata = {
+        "kernelspec": {
+            "display_name": "Python 3 (ipykernel)",
+            "language": "python",
+            "name": "python3",
+        },
+        "language_info": {"name": "python"},
+    }
+    nbformat.validate(nb)
+    return nb
+
+
+def _write(nb, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    nbformat.write(nb, path)
+
+
+def generate_release(chapter: str, root: Path) -> None:
+    """nbgrader's own generate_assignment, run in the course root ``root``."""
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "nbgrader",
+            "generate_assignment",
+            chapter,
+            "--force",
+            "--log-level=WARN",
+        ],
+        cwd=root,
+        capture_output=True,
+        text=True,
+    )
+    if result.returncode != 0 or not paths.release_notebook(chapter, root).exists():
+        raise BuildError(
+            f"nbgrader generate_assignment {chapter} failed:\n{result.stdout}\n{result.stderr}"
+        )
+
+
+def build(
+    root: Path = paths.COURSE_ROOT, chapters: list[str] | None = None
+) -> list[Path]:
+    """Write source and release notebooks under the course root ``root``; returns them."""
+    written = []
+    for chapter in chapters or graded_chapters():
+        tests = load_chapter_tests(chapter)
+        _write(source_notebook(chapter, tests), paths.nbgrader_source(chapter, root))
+        generate_release(chapter, root)
+        written += [
+            paths.nbgrader_source(chapter, root),
+            paths.release_notebook(chapter, root),
+        ]
+    return written
+
+
+def _content(path: Path):
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def stale_files() -> list[str]:
+    """Committed derived notebooks that differ from a fresh build (empty when all are fresh)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        shutil.copy(paths.COURSE_ROOT / "nbgrader_config.py", root)
+        stale = []
+        for fresh in build(root):
+            committed = paths.COURSE_ROOT / fresh.relative_to(root)
+            if _content(committed) != _content(fresh):
+                stale.append(str(committed.relative_to(paths.REPO)))
+        return stale

@@ -1,0 +1,66 @@
+"""nbgrader configuration: this folder (``autograder/course/``) is the course root.
+
+Instructors run nbgrader's commands from here, as its documentation describes::
+
+    cd autograder/course
+    nbgrader generate_assignment 03_self_attention --force
+    nbgrader autograde 03_self_attention
+    nbgrader generate_feedback 03_self_attention
+    nbgrader export
+
+``python -m autograder build`` writes ``source/`` (and ``release/`` through
+``generate_assignment``); student submissions go to ``submitted/<student>/<assignment>/``.
+"""
+
+import functools
+import sys
+from pathlib import Path
+
+from nbconvert.preprocessors import CSSHTMLHeaderPreprocessor
+from nbgrader.preprocessors import (
+    AssignLatePenalties,
+    CheckCellMetadata,
+    ClearHiddenTests,
+    GetGrades,
+    LimitOutput,
+    SaveAutoGrades,
+)
+
+c = get_config()  # noqa: F821 (provided by nbgrader when it loads this file)
+
+course_root = Path(__file__).resolve().parent
+repo = course_root.parents[1]
+
+c.CourseDirectory.root = str(course_root)
+c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE\nraise NotImplementedError()"}
+c.ClearSolutions.enforce_metadata = True
+# Student code runs in the grading sandbox, never beside the course files: our grader
+# takes the place of nbgrader's Execute step (see autograder/nbgrader_bridge.py).
+sys.path.insert(0, str(repo))
+from autograder.nbgrader_bridge import (  # noqa: E402
+    COURSE_ID,
+    SandboxedExecute,
+    prove_sandbox,
+)
+
+c.CourseDirectory.course_id = COURSE_ID
+
+# Before the first submission enters the gradebook: prove the jail, or stop (exit 3).
+c.Autograde.pre_convert_hook = functools.partial(
+    prove_sandbox,
+    db_url=f"sqlite:///{course_root / 'gradebook.db'}",
+    course_id=COURSE_ID,
+)
+c.Autograde.autograde_preprocessors = [
+    SandboxedExecute,
+    LimitOutput,
+    SaveAutoGrades,
+    AssignLatePenalties,
+    CheckCellMetadata,
+]
+# Feedback shows each test's message, not the hidden test code.
+c.GenerateFeedback.preprocessors = [
+    GetGrades,
+    ClearHiddenTests,
+    CSSHTMLHeaderPreprocessor,
+]

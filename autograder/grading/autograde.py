@@ -1,0 +1,230 @@
+"""A whole class graded in parallel into nbgrader's gradebook (``python -m autograder
+autograde``), and split across machines (``--shard K/N``, then ``merge``).
+
+Two steps. First every collected submission that ``nbgrader autograde`` would grade is
+graded by one warm sandbox on ``jobs`` workers (``grade.grade_many``: the hidden tests'
+inputs and the reference's outputs are drawn once for the batch). The results go to a file
+of JSON lines, one per student, each with the fingerprint of the cells it graded
+(``grade.grading_key``). Then nbgrader's own ``nbgrader autograde`` runs over the same
+submissions with that file (``nbgrader_bridge.VERDICTS``): it restores the locked cells
+from the source, writes the ``autograded/`` copies, records scores, timestamps and late
+penalties as it always does, and takes each verdict from the file instead of running the
+notebook again. A submission whose restored cells differ from the ones graded (a student
+edited a locked cell) is graded there, as serial nbgrader would. A submission the grader
+could not grade (a grader fault) is left out of the gradebook and listed.
+
+With ``--shard K/N`` only the first step runs, on the students whose shard is K; each
+shard writes its own file and ``python -m autograder merge ASSIGNMENT FILE...`` records
+them all into one gradebook.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import zlib
+from pathlib import Path
+
+from autograder.grading.limits import Limits
+from autograder.paths import COURSE_ROOT, REPO
+
+
+def in_shard(student: str, shard: int, shards: int) -> bool:
+    """Shard ``shard`` (1 .. ``shards``) of a class: fixed by the student's id alone, so
+    every machine agrees whatever else was collected."""
+    return zlib.crc32(student.encode()) % shards == shard - 1
+
+
+def _timestamp(folder: Path):
+    from nbgrader.coursedir import CourseDirectory
+
+    return CourseDirectory().get_existing_timestamp(str(folder))
+
+
+def submissions(
+    root: Path, assignment: str, students: list[str] | None = None, force: bool = False
+) -> dict[str, Path]:
+    """The submitted notebook of each student that ``nbgrader autograde`` would grade
+    now: not yet autograded, resubmitted since, or everyone with ``force``."""
+    found = {}
+    name = f"{assignment}.ipynb"
+    for notebook in sorted((root / "submitted").glob(f"*/{assignment}/{name}")):
+        student = notebook.parent.parent.name
+        if students and student not in students:
+            continue
+        done = root / "autograded" / student / assignment
+        if done.exists() and not force:
+            new, old = _timestamp(notebook.parent), _timestamp(done)
+            if not (new and old and new > old):
+                continue  # nbgrader would skip it: "Skipping existing assignment"
+        found[student] = notebook
+    return found
+
+
+def grade_class(
+    notebooks: dict[str, Path],
+    assignment: str,
+    jobs: int,
+    seed: int | None,
+    limits: Limits,
+    progress: bool = True,
+) -> list[dict]:
+    """Grade every student's notebook in one warm sandbox; each result also names the
+    student and the fingerprint of the cells it graded."""
+    import nbformat
+    from tqdm import tqdm
+
+    from autograder.grading.grade import grade_many, grading_key
+
+    students = list(notebooks)
+    bar = tqdm(
+        total=len(students), desc=f"grading {assignment}", unit="notebook",
+        disable=not progress, file=sys.stderr,
+    )  # fmt: skip
+    try:
+        results = list(
+            grade_many(
+                [notebooks[s] for s in students], assignment, jobs, seed, limits,
+                on_result=lambda _: bar.update(),
+            )
+        )  # fmt: skip
+    finally:
+        bar.close()
+    for student, result in zip(students, results, strict=True):
+        result["student"] = student
+        try:
+            result["key"] = grading_key(nbformat.read(notebooks[student], as_version=4))
+        except Exception:  # noqa: BLE001 (unreadable: nbgrader will not record it either)
+            result["key"] = None
+    return results
+
+
+def write_results(results: list[dict], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as f:
+        for result in results:
+            f.write(json.dumps(result) + "\n")
+
+
+def read_results(paths: list[Path]) -> list[dict]:
+    """Every result in the shards' files; a student graded twice keeps the last."""
+    by_student = {}
+    for path in paths:
+        with open(path) as f:
+            for line in f:
+                if line.strip():
+                    result = json.loads(line)
+                    by_student[result["assignment"], result["student"]] = result
+    return list(by_student.values())
+
+
+def _in_gradebook(root: Path, assignment: str) -> bool:
+    from nbgrader.api import Gradebook, MissingEntry
+
+    from autograder.grading.nbgrader_bridge import COURSE_ID
+
+    with Gradebook(f"sqlite:///{root / 'gradebook.db'}", COURSE_ID) as gb:
+        try:
+            return bool(gb.find_assignment(assignment).notebooks)
+        except MissingEntry:
+            return False
+
+
+def _nbgrader(root: Path, *args: str, env: dict | None = None) -> int:
+    return subprocess.run(
+        [sys.executable, "-m", "nbgrader", *args],
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},
+    ).returncode
+
+
+def enter_assignment(root: Path, assignment: str) -> int:
+    """Put the assignment and its graded cells in the gradebook if they are not there
+    (what ``nbgrader generate_assignment`` does), without touching ``release/``."""
+    if _in_gradebook(root, assignment):
+        return 0
+    print(f"[autograder] entering {assignment} in the gradebook", file=sys.stderr)
+    with tempfile.TemporaryDirectory(prefix="release-") as release:
+        return _nbgrader(
+            root, "generate_assignment", assignment, "--force",
+            f"--CourseDirectory.release_directory={release}",
+        )  # fmt: skip
+
+
+def record(root: Path, assignment: str, results: list[dict], force: bool) -> int:
+    """Run ``nbgrader autograde`` over the graded students only, taking their verdicts
+    from ``results``; returns its exit status."""
+    graded = {r["student"] for r in results if r["graded"]}
+    if not graded:
+        return 0
+    others = sorted(
+        p.parent.name
+        for p in (root / "submitted").glob(f"*/{assignment}")
+        if p.parent.name not in graded
+    )
+    with tempfile.TemporaryDirectory(prefix="verdicts-") as tmp:
+        verdicts = Path(tmp) / "verdicts.jsonl"
+        write_results([r for r in results if r["graded"]], verdicts)
+        args = ["autograde", assignment]
+        if force:
+            args.append("--force")
+        if others:
+            args.append(f"--CourseDirectory.student_id_exclude={','.join(others)}")
+        seeds = {r["seed"] for r in results}
+        if len(seeds) == 1:  # a notebook graded again there draws the same inputs
+            args.append(f"--SandboxedExecute.seed={seeds.pop()}")
+        from autograder.grading.nbgrader_bridge import VERDICTS
+
+        return _nbgrader(root, *args, env={VERDICTS: str(verdicts)})
+
+
+def not_autograded(root: Path, assignment: str, results: list[dict]) -> list[str]:
+    """Students graded here whose autograded copy nbgrader did not write (it could not
+    read or process the notebook: its log above says why)."""
+    name = f"{assignment}.ipynb"
+    return sorted(
+        r["student"]
+        for r in results
+        if r["graded"]
+        and not (root / "autograded" / r["student"] / assignment / name).is_file()
+    )
+
+
+def summary(results: list[dict], slowest: int = 5) -> str:
+    """A short table for the instructor: how many were graded, full marks, zero, with
+    problems while running, not graded, and the slowest submissions."""
+    graded = [r for r in results if r["graded"]]
+    rows = [
+        ("submissions", len(results)),
+        ("graded", len(graded)),
+        ("full marks", sum(r["score"] == r["max_score"] for r in graded)),
+        ("zero", sum(r["score"] == 0 for r in graded)),
+        ("problems while running", sum("problem(s) while running" in r["message"] for r in graded)),
+        ("not graded (grader fault: grade again)", len(results) - len(graded)),
+    ]  # fmt: skip
+    width = max(len(name) for name, _ in rows)
+    lines = [f"{name:<{width}}  {count}" for name, count in rows]
+    ranked = sorted(results, key=lambda r: -r.get("seconds", 0))[:slowest]
+    if ranked:
+        lines.append("slowest:")
+        lines += [
+            f"  {r['student']:<20} {r.get('seconds', 0):7.1f} s  {r['score']:g}/{r['max_score']:g}"
+            for r in ranked
+        ]
+    for r in results:
+        if not r["graded"]:
+            lines.append(f"NOT GRADED {r['student']}: {r['message']}")
+    return "\n".join(lines)
+
+
+def course_root(path: Path | None) -> Path:
+    """The nbgrader course root: the one given, else this course's ``autograder/``."""
+    root = (path or COURSE_ROOT).resolve()
+    if not (root / "nbgrader_config.py").is_file():
+        raise SystemExit(
+            f"{root} is not an nbgrader course root (no nbgrader_config.py)"
+        )
+    return root

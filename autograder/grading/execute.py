@@ -1,0 +1,213 @@
+"""Run a student's notebook in a kernel: their code cells under time and output limits,
+then one probe cell per hidden test, which calls their functions on the planned inputs
+and saves the raw outputs as plain data. Nothing here judges: see ``judge.py``."""
+
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import nbformat
+import torch
+from nbclient import NotebookClient
+from nbclient.exceptions import DeadKernelError
+
+from autograder.grading import probe
+from autograder.grading.limits import Limits
+from autograder.grading.prepare import PreparedTest
+from autograder.grading.sandbox import kill_kernel
+
+
+class QuietClient(NotebookClient):
+    """Keeps only error names and messages, so a cell that prints gigabytes costs nothing;
+    a cell that prints more than ``output_limit`` bytes is interrupted."""
+
+    output_limit: int = 10 * 2**20
+    printed: int = 0
+    flooded_cell: int | None = None
+
+    def output(self, outs, msg, display_id, cell_index):
+        content = msg["content"]
+        self.printed += len(str(content.get("text", ""))) + sum(
+            len(str(v)) for v in content.get("data", {}).values()
+        )
+        if self.printed > self.output_limit and self.flooded_cell is None:
+            self.flooded_cell = cell_index
+            self._interrupt()
+        if msg["msg_type"] == "error":
+            content = msg["content"]
+            outs[:] = [
+                {
+                    "ename": str(content.get("ename", ""))[:100],
+                    "evalue": str(content.get("evalue", ""))[:300],
+                }
+            ]
+        return None
+
+    def _interrupt(self) -> None:
+        """SIGINT the kernel's process group (the sandbox's launcher relays it)."""
+        process = getattr(getattr(self.km, "provisioner", None), "process", None)
+        if process is not None:
+            try:
+                group = os.getpgid(process.pid)
+                if group != os.getpgid(0):  # never the grader's own group
+                    os.killpg(group, signal.SIGINT)
+            except OSError:
+                pass
+
+
+def is_test_cell(cell) -> bool:
+    """An nbgrader test cell: ours to judge, never run (its code comes from the course)."""
+    meta = cell.get("metadata", {}).get("nbgrader", {})
+    return bool(meta.get("grade")) and not meta.get("solution")
+
+
+def _probe_setup_cell() -> str:
+    source = Path(probe.__file__).read_text()
+    return (
+        "import torch.overrides, torch.utils._python_dispatch\n"
+        "import types as _grader_types\n"
+        "_grader_probe = _grader_types.ModuleType('_grader_probe')\n"
+        f"exec(compile({source!r}, '<grader probe>', 'exec'), _grader_probe.__dict__)\n"
+    )
+
+
+@dataclass
+class Run:
+    """What happened while the notebook ran, for the messages."""
+
+    errors: list[str]
+    died_in_cell: int | None = (
+        None  # the student's code cell during which the kernel died
+    )
+    died_in_test: bool = (
+        False  # the kernel died while a hidden test called student code
+    )
+    start_failed: str | None = None  # why the kernel never ran a cell (not the student)
+
+
+def run_notebook(
+    nb,
+    prepared: list[PreparedTest],
+    km,
+    workdir: Path,
+    limits: Limits,
+    skip: frozenset[str] = frozenset(),
+) -> tuple[list[list[dict] | None], Run]:
+    """Execute the student's code cells, then one probe cell per hidden test; returns each
+    test's raw outcomes (None where the probe wrote nothing) and what went wrong."""
+    code = [c for c in nb.cells if c.get("cell_type") == "code"]
+    # which cells run, with their numbers among the notebook's code cells (for messages)
+    numbers = [
+        n + 1
+        for n, c in enumerate(code)
+        if not is_test_cell(c) and c.source not in skip
+    ]
+    student = [nbformat.v4.new_code_cell(code[n - 1].source) for n in numbers]
+    probes, result_paths = [nbformat.v4.new_code_cell(_probe_setup_cell())], []
+    for i, p in enumerate(prepared):
+        plan, result = workdir / f"plan_{i}.pt", workdir / f"result_{i}.pt"
+        torch.save([p.probe_plan], plan)
+        result_paths.append(result)
+        call = f"_grader_probe.run_files({str(plan)!r}, {str(result)!r}, globals())"
+        probes.append(nbformat.v4.new_code_cell(call))
+
+    deadline = time.monotonic() + limits.notebook
+    current = {
+        "index": -1
+    }  # the cell being run, set by nbclient before it asks for a timeout
+
+    def on_cell_start(cell, cell_index):
+        current["index"] = cell_index
+
+    def timeout_for(cell) -> int:
+        if current["index"] >= len(student):
+            return max(1, int(limits.test))
+        return max(1, int(min(limits.cell, deadline - time.monotonic())))
+
+    client = QuietClient(
+        nbformat.v4.new_notebook(cells=student + probes),
+        km=km,
+        timeout_func=timeout_for,
+        on_cell_start=on_cell_start,
+        startup_timeout=int(limits.startup),
+        allow_errors=True,
+        interrupt_on_timeout=True,
+        error_on_timeout={"ename": "TimeoutError", "evalue": "past its time limit"},
+        kernel_name="python3",
+        extra_arguments=["--log-level=ERROR"],
+        resources={"metadata": {"path": str(workdir)}},
+    )
+    client.output_limit = int(limits.output_mb * 2**20)
+    run = Run(errors=[])
+    # A cell that ignores interrupts cannot outlast this: the kernel is shut down.
+    hard_stop = limits.notebook + limits.test * len(prepared) + limits.startup + 30
+    watchdog = threading.Timer(hard_stop, lambda: kill_kernel(km))
+    watchdog.start()
+    try:
+        client.execute(env=_kernel_environment())
+    except DeadKernelError:
+        if current["index"] < 0:
+            run.start_failed = "the kernel died before it ran the first cell"
+        elif current["index"] < len(student):
+            run.died_in_cell = numbers[current["index"]]
+        else:
+            run.died_in_test = True
+    except Exception as exc:  # noqa: BLE001 (nbclient's own failures become messages)
+        why = f"{type(exc).__name__}: {exc}"[:300]
+        if current["index"] < 0:  # no student code has run: the kernel failed to start
+            run.start_failed = why
+        else:
+            run.errors.append(f"the notebook could not be run: {why}")
+    finally:
+        watchdog.cancel()
+        atexit.unregister(client._cleanup_kernel)  # we end the kernel ourselves
+    if client.flooded_cell is not None:
+        where = (
+            f"code cell {numbers[client.flooded_cell]}"
+            if client.flooded_cell < len(student)
+            else "a hidden test"
+        )
+        run.errors.append(
+            f"{where} printed more than {limits.output_mb:g} MB and was interrupted"
+        )
+    for i, cell in enumerate(client.nb.cells[: len(student)]):
+        for out in cell.get("outputs", []):
+            if out.get("ename") in (
+                "TimeoutError",
+                "KeyboardInterrupt",
+            ):  # only our limits interrupt
+                run.errors.append(
+                    f"code cell {numbers[i]} ran past its time limit and was interrupted"
+                )
+            else:
+                run.errors.append(
+                    f"code cell {numbers[i]}: {out.get('ename')}: {out.get('evalue')}"
+                )
+    return [_read_result(path, limits) for path in result_paths], run
+
+
+def _read_result(path: Path, limits: Limits) -> list[dict] | None:
+    """A probe's saved outcomes; None when it wrote none or the file is not a clean result."""
+    try:
+        if not path.is_file() or path.stat().st_size > limits.result_mb * 2**20:
+            return None
+        return torch.load(path, weights_only=True)[0]
+    except Exception:  # noqa: BLE001 (whatever student code did to the file, it is no result)
+        return None
+
+
+def _kernel_environment() -> dict[str, str]:
+    """The student's kernel gets no path to the course's code, and draws no figures."""
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "JPY_PARENT_PID")
+    }
+    env["MPLBACKEND"] = (
+        "Agg"  # plt.show() becomes a no-op: figures cost time and are not graded
+    )
+    return env

@@ -1,0 +1,438 @@
+"""Grade student notebooks: run them, call their exercises on fresh inputs, judge the outputs.
+
+For each notebook: read it (a broken file is a result, not a crash), recognise its chapter,
+draw the hidden tests' inputs, execute the student's code cells in a fresh kernel with time
+limits, then run one probe cell per hidden test that calls the student's functions and saves
+their raw outputs. The verdicts are computed here, in the grader's process, by comparing
+those outputs with the reference's (``judge.py``). Test cells in the submission are never
+trusted: editing or deleting them changes nothing.
+"""
+
+from __future__ import annotations
+
+import ast
+import copy
+import functools
+import hashlib
+import json
+import secrets
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from pathlib import Path
+
+import nbformat
+
+from autograder.grading import delegation
+from autograder.grading.execute import Run, is_test_cell, run_notebook
+from autograder.grading.judge import Verdict, judge
+from autograder.grading.limits import Limits
+from autograder.grading.prepare import PreparedTest, prepare
+from autograder.grading.sandbox import KernelEnd, Sandbox, Unsandboxed
+from autograder.grading.spec import ChapterTests, graded_chapters, load_chapter_tests
+from autograder.paths import release_notebook
+
+
+def _defined_names(nb) -> set[str]:
+    names = set()
+    for cell in nb.cells:
+        if cell.get("cell_type") != "code":
+            continue
+        try:
+            tree = ast.parse(cell.source)
+        except SyntaxError:
+            continue
+        names |= {
+            n.name for n in tree.body if isinstance(n, ast.FunctionDef | ast.ClassDef)
+        }
+    return names
+
+
+# CPython 3.11's ast.parse is not thread-safe ("SystemError: AST constructor recursion
+# depth mismatch" when two threads parse at once): the workers of a batch take turns to
+# read code.
+_READING_CODE = threading.Lock()
+
+
+def _fingerprint(nb) -> tuple[set, set[str]]:
+    """The notebook's grade ids and top-level definitions; fails on cells that are not
+    cells (the submission's fault)."""
+    grade_ids = {
+        c.get("metadata", {}).get("nbgrader", {}).get("grade_id") for c in nb.cells
+    }
+    return grade_ids, _defined_names(nb)
+
+
+def detect_chapter(grade_ids: set, names: set[str]) -> str | None:
+    """The chapter whose graded cells and exercise names a notebook shares most."""
+    best, best_score = None, 0
+    for chapter in graded_chapters():
+        try:
+            tests = load_chapter_tests(chapter)
+        except Exception:  # noqa: BLE001 (one broken chapter must not stop recognising others)
+            continue
+        score = 10 * len(grade_ids & {t.id for t in tests.tests}) + len(
+            names & set(tests.exercises)
+        )
+        if score > best_score:
+            best, best_score = chapter, score
+    return best
+
+
+def grading_key(nb) -> str:
+    """A fingerprint of all that grading reads from a notebook: its cells' kinds, the
+    sources of every cell but the test cells (which are never run), and which cells are
+    test cells. Outputs, ids and other metadata do not count."""
+    cells = [
+        (
+            c.get("cell_type"),
+            "" if is_test_cell(c) else c.get("source", ""),
+            is_test_cell(c),
+            c.get("metadata", {}).get("nbgrader", {}).get("grade_id"),
+        )
+        for c in nb.cells
+    ]
+    return hashlib.sha256(json.dumps(cells).encode()).hexdigest()
+
+
+class GraderFault(Exception):
+    """The kernel failed for a reason outside the submission: it never started, or
+    something outside the jail (the host's out-of-memory killer, an administrator)
+    killed it. Such a run is no grade: retried once, then reported ungraded."""
+
+
+class Batch:
+    """What the notebooks of one batch share: the sandbox, the seed, the hidden tests'
+    inputs and the reference's outputs for that seed (drawn once, not once per
+    notebook), and a count of kernels that failed to start. When most fail so, the
+    batch stops rather than record a wall of zeros."""
+
+    def __init__(self, sandbox, seed: int, limits: Limits):
+        self.sandbox, self.seed, self.limits = sandbox, seed, limits
+        self._lock = threading.Lock()
+        self.started = self.failed = 0
+        self.cause = ""
+        self._prepared: dict[tuple[str, int], list[PreparedTest]] = {}
+        self._preparing = threading.Lock()
+
+    def prepared(self, tests: ChapterTests, seed: int) -> list[PreparedTest]:
+        """Every hidden test of ``tests`` prepared for ``seed``: computed once per batch,
+        a private copy for each notebook (the judge may not alter what another reads)."""
+        with self._preparing:
+            key = (tests.chapter, seed)
+            if key not in self._prepared:
+                self._prepared[key] = prepare(tests, tests.tests, seed)
+            return copy.deepcopy(self._prepared[key])
+
+    def record_start(self, failure: str | None) -> None:
+        with self._lock:
+            if failure is None:
+                self.started += 1
+            else:
+                self.failed += 1
+                self.cause = self.cause or failure
+
+    @property
+    def stopped(self) -> bool:
+        return self.failed >= 3 and self.failed > self.started
+
+
+STOPPED = "the batch was stopped"
+
+
+def _missing_reason(run: Run, end: KernelEnd) -> str:
+    why = "os._exit, a crash, or running out of memory"
+    if end.killed_by == "memory":
+        why = "your code's processes together held more memory than the limit"
+    if run.died_in_cell is not None:
+        return (
+            f"no result: the kernel died while running code cell {run.died_in_cell} of "
+            f"your notebook ({why}), so nothing after it ran"
+        )
+    if run.died_in_test:
+        return f"no result: the kernel died while the hidden tests called your code ({why})"
+    return "no result: the test did not finish within its time limit, or your code stopped it"
+
+
+def grade_notebook(
+    path: Path | str,
+    assignment: str | None = None,
+    seed: int | None = None,
+    limits: Limits | None = None,
+    sandbox: Sandbox | Unsandboxed | None = None,
+    retry: bool = True,
+    batch: Batch | None = None,
+) -> dict:
+    """Grade one notebook; never raises for anything the submission does. Without a
+    ``sandbox``, starts one for this notebook alone (``grade_many`` shares one). A run
+    spoiled by a grader fault is tried again once (``retry``); a result the grader
+    could not trust has ``graded: False`` and a message saying why."""
+    if sandbox is None:
+        with Sandbox(limits or Limits(), hide=[Path(path).resolve().parent]) as own:
+            return grade_notebook(path, assignment, seed, limits, own, retry)
+    started = time.perf_counter()
+    result = _grade_notebook(path, assignment, seed, limits, sandbox, retry, batch)
+    result["seconds"] = round(time.perf_counter() - started, 2)
+    return result
+
+
+def _grade_notebook(path, assignment, seed, limits, sandbox, retry, batch) -> dict:
+    limits = limits or sandbox.limits
+    seed = secrets.randbits(32) if seed is None else seed
+    batch = batch or Batch(sandbox, seed, limits)
+    result = {
+        "notebook": str(path),
+        "assignment": None,
+        "score": 0.0,
+        "max_score": 0.0,
+        "tests": [],
+        "seed": seed,
+        "graded": True,
+        "message": "",
+    }
+    tests = _set_assignment(result, assignment) if assignment else None
+    try:
+        nb = nbformat.read(path, as_version=4)
+        with _READING_CODE:
+            fingerprint = _fingerprint(nb)
+    except (
+        SystemError,
+        RecursionError,
+        MemoryError,
+    ) as exc:  # not the file: the grader
+        return _not_graded(
+            result, f"the grader failed reading the notebook ({exc!r:.200})"
+        )
+    except Exception as exc:  # noqa: BLE001 (any unreadable file gets a grade and a message)
+        why = f"{type(exc).__name__}: {str(exc)[:200]}"
+        return _ungraded(
+            result,
+            f"could not read the notebook ({why})",
+            "the notebook could not be read",
+        )
+    try:
+        detected = detect_chapter(*fingerprint)
+    except Exception as exc:  # noqa: BLE001 (the grader's fault, never the submission's)
+        return _not_graded(
+            result, f"the grader could not load the chapters' tests ({exc!r:.200})"
+        )
+    if tests is None:
+        if detected is None:
+            return _not_graded(
+                result,
+                "could not recognise the chapter of this notebook; pass --assignment",
+            )
+        tests = _set_assignment(result, detected)
+    notes = []
+    if detected is not None and detected != tests.chapter:
+        notes.append(
+            f"this notebook looks like chapter {detected}, not {tests.chapter}"
+        )
+    for attempt in range(2 if retry else 1):
+        if batch.stopped:
+            return _not_graded(
+                result,
+                f"{STOPPED}: {batch.failed} of {batch.failed + batch.started} kernels "
+                f"failed to start ({batch.cause})",
+            )
+        try:
+            verdicts, run, end = _grade(nb, tests, seed, limits, sandbox, batch)
+            break
+        except GraderFault as fault:
+            if attempt == 1 or not retry:
+                return _not_graded(result, f"grader fault: {fault}", fault=str(fault))
+            notes.append(f"graded on a second try: the first was spoiled ({fault})")
+        except Exception as exc:  # noqa: BLE001 (a grader bug must not stop the batch)
+            why = f"{type(exc).__name__}: {str(exc)[:200]}"
+            return _not_graded(
+                result,
+                f"the grader failed on this notebook ({why}); please report this to the "
+                "course staff",
+            )
+    result["tests"] = [v.as_json() for v in verdicts]
+    result["score"] = float(sum(v.score for v in verdicts))
+    result["peak_mb"] = end.peak_mb  # the most its processes held together, if watched
+    if run.died_in_cell is not None or run.died_in_test:
+        notes.append(_missing_reason(run, end))
+    if end.killed_for_memory_mb:
+        held = ", ".join(f"{mb:g} MB" for mb in end.killed_for_memory_mb)
+        notes.append(
+            f"your code's processes together held more than {limits.memory_mb} MB: the "
+            f"grader killed the largest ({held})"
+        )
+    if run.errors:
+        notes.append(
+            f"{len(run.errors)} problem(s) while running, first: {run.errors[0]}"
+        )
+    result["message"] = "; ".join(notes)
+    return result
+
+
+def _set_assignment(result: dict, chapter: str) -> ChapterTests:
+    """The assignment fixes the tests and ``max_score``, whatever the submission holds."""
+    tests = load_chapter_tests(chapter)
+    result["assignment"] = chapter
+    result["max_score"] = tests.max_score
+    result["tests"] = [
+        Verdict(t.id, t.points, False, "not graded").as_json() for t in tests.tests
+    ]
+    return tests
+
+
+def _ungraded(result: dict, message: str, why: str) -> dict:
+    """The submission's own fault (an unreadable file): a grade of zero, and why."""
+    result["message"] = f"{message}; nothing was graded"
+    for t in result["tests"]:
+        t["message"] = f"not graded: {why}"
+    return result
+
+
+def _not_graded(result: dict, why: str, fault: str | None = None) -> dict:
+    """Not the submission's fault: no grade at all (``graded: False``), and why. A
+    ``fault`` that a later try may not meet is kept for ``grade_many``'s second round."""
+    result["graded"] = False
+    result["score"] = 0.0
+    result["message"] = (
+        f"not graded: {why}. This is no grade: grade this notebook again"
+    )
+    for t in result["tests"]:
+        t.update(score=0.0, passed=False, message=f"not graded: {why}")
+    if fault is not None:
+        result["fault"] = fault
+    return result
+
+
+@functools.cache
+def _given_cells(chapter: str) -> tuple[tuple[str, bool], ...]:
+    """The released notebook's code cells other than the exercises (the course's own),
+    as (source, tagged ``demo``): read once per process, not once per notebook."""
+    try:
+        release = nbformat.read(release_notebook(chapter), as_version=4)
+    except OSError:
+        return ()
+    return tuple(
+        (c.source, "demo" in c.get("metadata", {}).get("tags", []))
+        for c in release.cells
+        if c.cell_type == "code"
+        and not c.get("metadata", {}).get("nbgrader", {}).get("solution", False)
+    )
+
+
+def _demo_sources(tests: ChapterTests) -> frozenset[str]:
+    """Given cells tagged ``demo`` (training runs, benchmarks, figures): not needed to
+    grade, so skipped while unchanged. A chapter's demo cells define nothing the
+    exercises need."""
+    return frozenset(source for source, demo in _given_cells(tests.chapter) if demo)
+
+
+def _student_sources(nb, tests: ChapterTests) -> list[str]:
+    """The student's own code: every code cell that runs (test cells never do) except
+    the course's unchanged ones."""
+    given = {source for source, _ in _given_cells(tests.chapter)}
+    return [
+        c.source
+        for c in nb.cells
+        if c.get("cell_type") == "code"
+        and not is_test_cell(c)
+        and c.source not in given
+    ]
+
+
+def _refuse_delegation(verdicts: list[Verdict], nb, tests: ChapterTests) -> None:
+    """A test whose exercise reaches a forbidden PyTorch feature in its code, or whose
+    code works around the run-time watch, earns nothing, and says why."""
+    sources = _student_sources(nb, tests)
+    given = [source for source, _ in _given_cells(tests.chapter)]
+    for i, v in enumerate(verdicts):
+        test = tests.test(v.test_id)
+        refusal = delegation.refusal(
+            sources, test.exercise, test.forbidden, given, v.passed
+        )
+        if refusal:
+            verdicts[i] = Verdict(v.test_id, v.points, False, refusal)
+
+
+def _grade(
+    nb, tests: ChapterTests, seed: int, limits: Limits, sandbox, batch: Batch
+) -> tuple[list[Verdict], Run, KernelEnd]:
+    prepared = batch.prepared(tests, seed)
+    with sandbox.kernel() as (km, workdir):
+        got, run = run_notebook(nb, prepared, km, workdir, limits, _demo_sources(tests))
+        end = sandbox.end(km, workdir)
+    batch.record_start(run.start_failed)
+    if run.start_failed:
+        raise GraderFault(
+            f"the kernel did not start: {end.log_tail() or run.start_failed}"
+        )
+    died = run.died_in_cell is not None or run.died_in_test
+    if died and end.killed_from_outside:
+        how = "its sandbox process was lost" if end.lost else f"signal {end.signal}"
+        raise GraderFault(
+            f"the kernel was killed from outside the submission ({how}; the host's "
+            "out-of-memory killer or an administrator)"
+        )
+    reason = _missing_reason(run, end)
+    verdicts = [
+        judge(tests, p.test, p.cases, p.plans, p.expected, g, reason)
+        for p, g in zip(prepared, got, strict=True)
+    ]
+    with _READING_CODE:
+        _refuse_delegation(verdicts, nb, tests)
+    return verdicts, run, end
+
+
+def grade_many(
+    paths: list[Path],
+    assignment: str | None = None,
+    jobs: int = 1,
+    seed: int | None = None,
+    limits: Limits | None = None,
+    sandboxed: bool = True,
+    on_result: Callable[[dict], None] | None = None,
+) -> Iterator[dict]:
+    """Grade notebooks ``jobs`` at a time, each in a fresh kernel forked from one warm
+    sandbox, after proving the sandbox on a canary; yields results in the order of
+    ``paths``. A notebook whose run a grader fault spoiled is graded again once, alone,
+    after the others. ``on_result`` is called with each result as it is made (a
+    progress bar). Raises ``SandboxUnavailable`` (nothing graded) when the canary
+    fails."""
+    from autograder.grading.preflight import prove
+
+    seed = secrets.randbits(32) if seed is None else seed
+    limits = limits or Limits()
+    # Import every chapter's tests and reference here, once, before the workers start:
+    # imported first by two threads at once, a module can be seen half-initialised.
+    for chapter in graded_chapters():
+        load_chapter_tests(chapter).reference()
+    folders = sorted({Path(p).resolve().parent for p in paths})
+    sandbox = Sandbox(limits, hide=folders) if sandboxed else Unsandboxed(limits)
+    with sandbox:
+        if sandboxed:  # unjailed, the canary's promises (the course hidden) cannot hold
+            prove(sandbox, limits)
+        batch = Batch(sandbox, seed, limits)
+        with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+            futures = {
+                pool.submit(
+                    grade_notebook, p, assignment, seed, limits, sandbox, False, batch
+                ): i
+                for i, p in enumerate(paths)
+            }
+            results = [None] * len(paths)
+            for future in as_completed(futures):
+                results[futures[future]] = result = future.result()
+                if on_result is not None and "fault" not in result:
+                    on_result(result)
+        for i, first in enumerate(results):
+            if "fault" not in first:
+                continue
+            if not batch.stopped:
+                again = grade_notebook(
+                    paths[i], assignment, seed, limits, sandbox, False, batch
+                )
+                note = f"graded on a second try, alone: the first was spoiled ({first['fault']})"
+                again["message"] = "; ".join(m for m in (note, again["message"]) if m)
+                results[i] = again
+            if on_result is not None:
+                on_result(results[i])
+        yield from results

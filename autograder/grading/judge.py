@@ -1,0 +1,174 @@
+"""Verdicts: the student's raw outputs against the reference's, with feedback that teaches.
+
+Runs only in the grader's own process, on plain data (see ``probe.py``); nothing here
+executes student code. Messages describe what differs (type, shape, dtype, NaN, error
+size) and name a known mistake when the student's outputs match one, but never show the
+hidden inputs or the expected values.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from autograder.grading import delegation, probe
+from autograder.grading.spec import Case, ChapterTests, HiddenTest
+from autograder.grading.tolerances import LEVELS, Tolerance
+from autograder.paths import load_course_utils
+
+course_utils = load_course_utils()  # the same comparison the visible checks use
+
+
+@dataclass
+class Verdict:
+    test_id: str
+    points: float
+    passed: bool
+    message: str
+
+    @property
+    def score(self) -> float:
+        return float(self.points) if self.passed else 0.0
+
+    def as_json(self) -> dict:
+        return {
+            "id": self.test_id,
+            "score": self.score,
+            "max_score": float(self.points),
+            "passed": self.passed,
+            "message": self.message,
+        }
+
+
+def describe_difference(expected, got, tol: Tolerance, name: str) -> str | None:
+    """None when ``got`` matches ``expected``; otherwise one sentence on how it differs."""
+    if isinstance(expected, torch.Tensor):
+        try:
+            return course_utils.difference(name, got, expected, tol.rtol, tol.atol)
+        except Exception as exc:  # noqa: BLE001 (sparse, meta, subclassed tensors...)
+            return f"{name}: could not be compared ({type(exc).__name__}); return a plain dense tensor"
+    if isinstance(expected, list):
+        if not isinstance(got, list):
+            return (
+                f"{name}: expected {len(expected)} values (a tuple), got {_kind(got)}"
+            )
+        if len(got) != len(expected):
+            return f"{name}: expected {len(expected)} values, got {len(got)}"
+        for i, (e, g) in enumerate(zip(expected, got, strict=True)):
+            problem = describe_difference(e, g, tol, f"{name}[{i}]")
+            if problem:
+                return problem
+        return None
+    if isinstance(expected, bool) or expected is None or isinstance(expected, str):
+        return (
+            None
+            if got == expected and type(got) is type(expected)
+            else f"{name}: expected {expected!r}, got {_kind(got)}"
+        )
+    if isinstance(expected, (int, float)):
+        if isinstance(got, bool) or not isinstance(got, (int, float)):
+            return f"{name}: expected a number, got {_kind(got)}"
+        if math.isclose(got, expected, rel_tol=tol.rtol, abs_tol=tol.atol):
+            return None
+        return f"{name}: expected a different number (off by {abs(got - expected):.3g})"
+    return f"{name}: cannot compare values of type {type(expected).__name__}"
+
+
+def _kind(value) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"a tensor of shape {tuple(value.shape)}"
+    if isinstance(value, list):
+        return f"a sequence of {len(value)} values"
+    if isinstance(value, dict) and "unsupported" in value:
+        return f"an object of type {value['unsupported']}"
+    return f"{type(value).__name__} {value!r}"[:80]
+
+
+def _outcome_problem(
+    test: HiddenTest, expected: dict, got: dict, tol: Tolerance
+) -> str | None:
+    if "error" in got:
+        return f"raised {got['error']}"
+    exp, val = expected["value"], got["value"]
+    if test.outputs and isinstance(exp, list) and len(exp) == len(test.outputs):
+        if isinstance(val, list) and len(val) == len(exp):
+            for name, e, g in zip(test.outputs, exp, val, strict=True):
+                problem = describe_difference(e, g, tol, f"`{name}`")
+                if problem:
+                    return problem
+            return None
+        return f"expected a tuple ({', '.join(test.outputs)}), got {_kind(val)}"
+    return describe_difference(exp, val, tol, "the output")
+
+
+def _matches(expected: dict, got: dict, test: HiddenTest, tol: Tolerance) -> bool:
+    """One outcome equals another: both values, and within the test's tolerance."""
+    return (
+        "error" not in expected and _outcome_problem(test, expected, got, tol) is None
+    )
+
+
+def judge(
+    tests: ChapterTests,
+    test: HiddenTest,
+    cases: list[Case],
+    plans: list[dict],
+    expected: list[dict],
+    got: list[dict] | None,
+    missing_reason: str = "no result: the notebook did not reach this test",
+) -> Verdict:
+    """Compare one test's outputs case by case and explain the first failure."""
+    tol = LEVELS[test.level]
+    if got is None or len(got) != len(cases):
+        return Verdict(test.id, test.points, False, missing_reason)
+    used = [name for g in got for name in g.get("used", [])]
+    tampering = delegation.tampering_in(used) if test.forbidden else []
+    if tampering:
+        return Verdict(
+            test.id,
+            test.points,
+            False,
+            delegation.tamper_message(test.exercise, tampering),
+        )
+    delegated = delegation.features_in(used, test.forbidden)
+    if delegated:
+        where = "seen while it ran on the hidden inputs"
+        return Verdict(
+            test.id,
+            test.points,
+            False,
+            delegation.message(test.exercise, delegated, where),
+        )
+    for i, (c, e, g) in enumerate(zip(cases, expected, got, strict=True)):
+        problem = _outcome_problem(test, e, g, tol)
+        if problem:
+            where = f"case {i + 1} of {len(cases)}" + (
+                f" ({c.label})" if c.label else ""
+            )
+            message = f"`{test.exercise}` {where}: {problem}."
+            hint = _recognise_mistake(tests, test, plans, expected, got, tol)
+            return Verdict(
+                test.id, test.points, False, message + (f" {hint}" if hint else "")
+            )
+    return Verdict(test.id, test.points, True, f"passed: {test.description}")
+
+
+def _recognise_mistake(tests, test, plans, expected, got, tol) -> str | None:
+    """Name a known mistake whose outputs equal the student's wherever it differs from the reference."""
+    # the reference's namespace, for the notebook functions a plan passes as arguments
+    reference = vars(tests.reference())
+    for mistake in tests.mistakes_for(test.exercise):
+        wrong = probe.run(
+            {**reference, test.exercise: mistake.impl},
+            [{"exercise": test.exercise, "calls": plans}],
+        )[0]
+        telling = [
+            i
+            for i, w in enumerate(wrong)
+            if "error" not in w and not _matches(expected[i], w, test, tol)
+        ]
+        if telling and all(_matches(wrong[i], got[i], test, tol) for i in telling):
+            return f"Likely mistake: {mistake.hint}"
+    return None

@@ -1,0 +1,199 @@
+"""nbgrader's ``autograde`` with our grader in place of its ``Execute`` step.
+
+``autograder/course/nbgrader_config.py`` puts :class:`SandboxedExecute` where nbgrader runs the
+notebook, so ``nbgrader autograde <assignment>`` keeps nbgrader's whole workflow (cells
+restored from the source, scores saved in the gradebook, ``generate_feedback``,
+``export``) while the student's code runs in the sandbox and each test cell's outcome is
+our verdict: a passed test gets a line of output, a failed one an error whose message is
+the feedback. The test cells' own code is never run.
+
+A grader fault is never recorded as a grade: :func:`prove_sandbox` (nbgrader's
+``pre_convert_hook``) proves the jail before the first submission and stops nbgrader with
+exit status 3 and one message if it cannot start; a submission whose grading a grader
+fault spoiled even after a second try raises, so nbgrader records nothing for it (and
+the gradebook entry this run created for it is removed again).
+
+``python -m autograder autograde`` (``autograde.py``) grades a whole class in parallel
+first and then runs ``nbgrader autograde`` with the results in a file named by the
+environment variable ``AUTOGRADER_VERDICTS``: a submission whose restored cells are the
+ones graded there (the same :func:`~autograder.grading.grade.grading_key`) is recorded from the
+file, not run again; any other is graded here as usual.
+
+:func:`run_hidden_test` is what those test cells would run under nbgrader's own
+``Execute`` (student code and check in one process). Only the benchmark uses it, as the
+baseline of plain nbgrader.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import json
+import os
+import secrets
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+import nbformat
+from nbgrader.api import Gradebook, MissingEntry
+from nbgrader.preprocessors import NbGraderPreprocessor
+from traitlets import Integer
+
+from autograder.grading.execute import is_test_cell
+
+_SANDBOX = None
+_LOCK = threading.Lock()
+COURSE_ID = "attention-course"  # nbgrader_config.py's CourseDirectory.course_id
+_NEW_SUBMISSIONS: set[tuple[str, str]] = set()  # (assignment, student) this run created
+VERDICTS = "AUTOGRADER_VERDICTS"  # results graded beforehand, one JSON line per student
+
+
+@functools.cache
+def _graded_beforehand(path: str) -> dict[tuple[str, str], dict]:
+    """The results ``python -m autograder autograde`` wrote, by (assignment, student)."""
+    results = {}
+    with open(path) as f:
+        for line in f:
+            if line.strip():
+                r = json.loads(line)
+                results[r["assignment"], r["student"]] = r
+    return results
+
+
+def _shared_sandbox():
+    """One warm, proven sandbox per nbgrader process, for all the submissions it grades."""
+    global _SANDBOX
+    with _LOCK:
+        if _SANDBOX is None:
+            from autograder.grading.preflight import prove
+            from autograder.grading.sandbox import Sandbox
+
+            sandbox = Sandbox()
+            atexit.register(sandbox.close)
+            prove(sandbox)
+            _SANDBOX = sandbox
+        return _SANDBOX
+
+
+def prove_sandbox(assignment, student, notebooks, db_url=None, course_id=None, **_):
+    """nbgrader's pre-convert hook, run before each submission is entered in the
+    gradebook: start and prove the jail (once), or stop nbgrader with exit status 3 and
+    the diagnosis before anything is recorded. Also notes whether the submission is
+    new to the gradebook, so a grader fault can take its entry out again."""
+    from autograder.grading.sandbox import SandboxUnavailable
+
+    try:
+        if not os.environ.get(VERDICTS):  # else proven when a notebook must be run here
+            _shared_sandbox()
+    except SandboxUnavailable as exc:
+        print(f"[autograder] {exc}", file=sys.stderr, flush=True)
+        raise SystemExit(3) from None
+    for notebook in notebooks:  # .../submitted/<student>/<assignment>/<name>.ipynb
+        parts = Path(notebook).parts
+        if db_url and len(parts) >= 3:
+            with Gradebook(db_url, course_id) as gb:
+                try:
+                    gb.find_submission(parts[-2], parts[-3])
+                except MissingEntry:
+                    _NEW_SUBMISSIONS.add((parts[-2], parts[-3]))
+
+
+class SandboxedExecute(NbGraderPreprocessor):
+    """Grade the notebook with ``autograder.grading.grade`` and write each verdict into its cell."""
+
+    seed = Integer(
+        None,
+        allow_none=True,
+        help="seed of the hidden tests' inputs (default: drawn for each submission)",
+    ).tag(config=True)
+
+    def preprocess(self, nb, resources):
+        from autograder.grading.grade import grading_key
+
+        assignment = resources["nbgrader"]["assignment"]
+        student = resources["nbgrader"].get("student")
+        result = None
+        if os.environ.get(VERDICTS):
+            result = _graded_beforehand(os.environ[VERDICTS]).get((assignment, student))
+            if result is not None and result.get("key") != grading_key(nb):
+                self.log.warning(
+                    "[autograder] %s: the cells nbgrader restored differ from the ones "
+                    "graded beforehand (a locked cell was edited): graded again here",
+                    student,
+                )
+                result = None
+        if result is None:
+            result = self._grade_here(nb, resources["nbgrader"], assignment)
+        if not result["graded"]:
+            self._forget(resources["nbgrader"], assignment)
+            raise RuntimeError(f"[autograder] {result['message']}")
+        if result["message"]:
+            self.log.warning("%s", result["message"])
+        verdicts = {t["id"]: t for t in result["tests"]}
+        for cell in nb.cells:
+            grade_id = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+            if cell.cell_type != "code" or not is_test_cell(cell):
+                continue
+            verdict = verdicts.get(grade_id)
+            if verdict is None:
+                message = f"not graded: {assignment} has no hidden test {grade_id!r}"
+                verdict = {"passed": False, "message": message}
+            if verdict["passed"]:
+                cell.outputs = [
+                    nbformat.v4.new_output(
+                        "stream", name="stdout", text=f"✓ {verdict['message']}\n"
+                    )
+                ]
+            else:
+                cell.outputs = [
+                    nbformat.v4.new_output(
+                        "error",
+                        ename="HiddenTestFailed",
+                        evalue=verdict["message"],
+                        traceback=[f"HiddenTestFailed: {verdict['message']}"],
+                    )
+                ]
+        return nb, resources
+
+    def _grade_here(self, nb, info: dict, assignment: str) -> dict:
+        from autograder.grading.grade import grade_notebook
+        from autograder.grading.sandbox import SandboxUnavailable
+
+        try:
+            sandbox = _shared_sandbox()
+        except SandboxUnavailable as exc:  # proven only now: record nothing for it
+            self._forget(info, assignment)
+            raise RuntimeError(f"[autograder] {exc}") from None
+        with tempfile.TemporaryDirectory(prefix="autograde-") as tmp:
+            path = Path(tmp) / "submission.ipynb"
+            nbformat.write(nb, path)
+            return grade_notebook(path, assignment, self.seed, sandbox=sandbox)
+
+    def _forget(self, info: dict, assignment: str) -> None:
+        """Remove the gradebook entry this run created for a submission it could not
+        grade (an earlier run's grades, if any, stay as they were)."""
+        student = info.get("student")
+        if (assignment, student) in _NEW_SUBMISSIONS and info.get("db_url"):
+            with Gradebook(info["db_url"], COURSE_ID) as gb:
+                gb.remove_submission(assignment, student)
+
+
+def run_hidden_test(
+    chapter: str, test_id: str, namespace: dict, seed: int | None = None
+) -> None:
+    from autograder.grading.judge import judge
+    from autograder.grading.prepare import prepare
+    from autograder.grading.probe import run
+    from autograder.grading.spec import load_chapter_tests
+
+    tests = load_chapter_tests(chapter)
+    test = tests.test(test_id)
+    seed = secrets.randbits(32) if seed is None else seed
+    (p,) = prepare(tests, [test], seed)
+    got = run(namespace, [p.probe_plan])[0]
+    verdict = judge(tests, test, p.cases, p.plans, p.expected, got)
+    if not verdict.passed:
+        raise AssertionError(verdict.message)
+    print(f"✓ {test_id}: {verdict.message}")

@@ -1,0 +1,63 @@
+"""Prove the jail before grading anything: a canary kernel must start, run a cell, hide
+the course, and have one hidden test judged right on an answer known to be right.
+
+If it cannot, nothing is graded: ``SandboxUnavailable`` carries one message naming the
+cause and the fix (``sandbox/diagnose.py``). ``python -m autograder check`` runs this and
+more, so an instructor can test a machine before the deadline.
+"""
+
+from __future__ import annotations
+
+import nbformat
+
+from autograder.grading.execute import run_notebook
+from autograder.grading.judge import judge
+from autograder.grading.limits import Limits
+from autograder.grading.prepare import prepare
+from autograder.grading.sandbox import SandboxUnavailable
+from autograder.grading.sandbox.diagnose import explain
+from autograder.grading.spec import load_chapter_tests
+from autograder.paths import REPO
+
+CHAPTER, TEST = "03_self_attention", "causal_mask_values"
+
+# A right answer written for the canary (not the reference), and the jail's promises.
+CANARY = f"""
+import os
+import torch
+
+for hidden in {[str(REPO / "solutions"), str(REPO / "autograder")]!r}:
+    assert not os.path.exists(hidden), "the course repository is visible in the jail"
+assert os.getcwd() == "/submission", "the kernel is not in its private folder"
+open("canary.txt", "w").write("written")
+
+
+def causal_mask(n):
+    return torch.ones(n, n).tril().bool()
+"""
+
+
+def prove(sandbox, limits: Limits | None = None) -> None:
+    """Raise ``SandboxUnavailable`` unless a canary submission is graded right."""
+    limits = limits or sandbox.limits
+    tests = load_chapter_tests(CHAPTER)
+    prepared = prepare(tests, [tests.test(TEST)], seed=0)
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(CANARY)])
+    with sandbox.kernel() as (km, workdir):
+        got, run = run_notebook(nb, prepared, km, workdir, limits)
+        end = sandbox.end(km, workdir)
+    (p,) = prepared
+    verdict = judge(tests, p.test, p.cases, p.plans, p.expected, got[0])
+    problem = None
+    if run.start_failed:
+        problem = (
+            f"the canary kernel did not start: {end.log_tail() or run.start_failed}"
+        )
+    elif run.died_in_cell is not None or run.died_in_test:
+        problem = f"the canary kernel died (signal {end.signal}, exit {end.exit_code})"
+    elif run.errors:
+        problem = f"the canary cell failed: {run.errors[0]}"
+    elif not verdict.passed:
+        problem = f"a right answer was judged wrong: {verdict.message}"
+    if problem:
+        raise SandboxUnavailable(explain(problem))

@@ -1,0 +1,74 @@
+"""Draw a test's inputs at grading time and compute what the reference returns on them."""
+
+from __future__ import annotations
+
+import math
+import zlib
+from dataclasses import dataclass
+
+import torch
+
+from autograder.grading import probe
+from autograder.grading.delegation import watch_plan
+from autograder.grading.spec import Case, ChapterTests, HiddenTest
+
+
+@dataclass
+class PreparedTest:
+    test: HiddenTest
+    cases: list[Case]
+    plans: list[dict]  # plain data sent to the student's kernel: inputs only
+    expected: list[dict]  # the reference's outcomes, kept in the grader
+
+    @property
+    def probe_plan(self) -> dict:
+        return {
+            "exercise": self.test.exercise,
+            "calls": self.plans,
+            **watch_plan(self.test.forbidden),
+        }
+
+
+def generator(seed: int, test_id: str) -> torch.Generator:
+    """A generator per test, so adding a test never changes another test's inputs."""
+    return torch.Generator().manual_seed(
+        (seed * 1_000_003 + zlib.crc32(test_id.encode())) % 2**63
+    )
+
+
+def _randomised_state(
+    module: torch.nn.Module, g: torch.Generator
+) -> dict[str, torch.Tensor]:
+    """Reference parameters drawn from ``g`` (not the module's own init), kept at unit scale."""
+    with torch.no_grad():
+        for p in module.parameters():
+            scale = 1 / math.sqrt(p.shape[-1]) if p.dim() > 1 else 0.5
+            p.copy_(torch.randn(p.shape, generator=g, dtype=p.dtype) * scale)
+    return {k: v.detach().clone() for k, v in module.state_dict().items()}
+
+
+def prepare(
+    tests: ChapterTests, selected: list[HiddenTest], seed: int
+) -> list[PreparedTest]:
+    reference = vars(tests.reference())
+    prepared = []
+    for test in selected:
+        g = generator(seed, test.id)
+        cases = test.make_cases(g)
+        plans = []
+        for c in cases:
+            state = None
+            if c.init is not None and c.init.load_state:
+                module = reference[test.exercise](*c.init.args, **c.init.kwargs)
+                state = _randomised_state(module, g)
+            plans.append(c.to_plan(state))
+        expected = probe.run(reference, [{"exercise": test.exercise, "calls": plans}])[
+            0
+        ]
+        for outcome in expected:
+            if "error" in outcome:
+                raise RuntimeError(
+                    f"the reference fails hidden test {test.id}: {outcome['error']}"
+                )
+        prepared.append(PreparedTest(test, cases, plans, expected))
+    return prepared

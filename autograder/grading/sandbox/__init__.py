@@ -1,0 +1,384 @@
+"""Where student code runs: a jail built from Linux namespaces, started warm.
+
+Guarantee (Linux with unprivileged user namespaces, as on Debian, Ubuntu and Fedora):
+a student's kernel sees a root filesystem made only of the system's read-only directories
+(``/usr``, a few files of ``/etc``), the read-only Python installation and its packages, an
+empty 256 MB ``/submission`` (its working directory, ``HOME``) and ``/tmp``, and its own
+kernel directory (ZeroMQ sockets and the probe's plan and result files). The course
+repository (``solutions/``, the hidden tests, the instructor notebooks, the gradebook),
+other students' submissions and kernels, and the rest of the disk are not in that root.
+It has no network (an empty network namespace), sees only its own processes (a PID
+namespace: they all die with the kernel), cannot unmount or remount what it was given
+(the mounts are locked by a further user namespace), and runs under memory, file-size and
+time limits: the memory of all its processes together (``Watch`` in ``zygote.py``), the
+number of its processes (RLIMIT_NPROC, counted per kernel) and, per process, its address
+space and file sizes. Run by an ordinary user, it has that user's uid outside the
+namespaces: files it could reach would be written as that user, which is why it reaches
+none but its own. Run by root, each kernel runs as an unprivileged uid of its own
+(``Limits.kernel_uid`` onwards), outside the namespaces too.
+
+What it does not promise: protection against kernel exploits, or against a student using
+their time limit to burn CPU (their processes all end with their kernel). Where the jail
+cannot start, ``diagnose.py`` says why and how to fix it, and nothing is graded unless
+``--no-sandbox`` is given (then student code runs as the grader's user with only a
+scrubbed environment: acceptable for your own tests, not for untrusted submissions).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import select
+import shutil
+import signal
+import site
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from jupyter_client.manager import AsyncKernelManager
+from jupyter_core.utils import run_sync
+
+from autograder.grading.limits import Limits
+from autograder.paths import REPO
+
+_HERE = Path(__file__).parent
+_SYSTEM = (
+    "/usr",
+    "/bin",
+    "/sbin",
+    "/lib",
+    "/lib32",
+    "/lib64",
+    "/libx32",
+    "/etc/alternatives",
+    "/etc/ld.so.cache",
+    "/etc/ld.so.conf",
+    "/etc/ld.so.conf.d",
+    "/etc/passwd",
+    "/etc/group",
+    "/etc/nsswitch.conf",
+    "/etc/localtime",
+    "/etc/os-release",
+    "/etc/matplotlibrc",
+)
+
+
+class SandboxUnavailable(RuntimeError):
+    pass
+
+
+def _inside(path: str, parent: str) -> bool:
+    return path == parent or path.startswith(parent.rstrip("/") + "/")
+
+
+# What a kernel imports: the folders holding them are exposed even when they lie outside
+# the Python installation's own folders (a PYTHONPATH entry, an editable install).
+_KERNEL_PACKAGES = (
+    "torch",
+    "numpy",
+    "matplotlib",
+    "ipykernel",
+    "IPython",
+    "jupyter_client",
+    "jupyter_core",
+    "zmq",
+    "traitlets",
+    "tqdm",
+)
+
+
+def _python_paths() -> list[str]:
+    """The interpreter's installation and the package folders kernels import from,
+    resolved: a venv or conda prefix, site-packages, the user's site-packages, wherever
+    they lie. Not the current folder or other ``sys.path`` entries (they may be a home
+    folder), and nothing inside the course but a venv made there."""
+    prefixes = {
+        os.path.realpath(p)
+        for p in (sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix)
+    }
+    sites = {
+        os.path.realpath(p)
+        for p in [*site.getsitepackages(), site.getusersitepackages()]
+        if p and os.path.isdir(p)
+    }
+    entries = [os.path.realpath(p) for p in sys.path if p and os.path.isdir(p)]
+    roots = prefixes | sites
+    chosen = set(roots) | {p for p in entries if any(_inside(p, r) for r in roots)}
+    for name in _KERNEL_PACKAGES:
+        spec = importlib.util.find_spec(name)
+        origin = os.path.realpath(spec.origin) if spec and spec.origin else None
+        if origin:
+            chosen |= {p for p in entries if _inside(origin, p)}
+    repo = str(REPO)
+    return sorted(
+        p
+        for p in chosen
+        if not _inside(p, repo) or any(_inside(p, q) for q in prefixes)
+    )
+
+
+def _mapped(map_file: str, first: int, count: int) -> bool:
+    """Whether ids ``first`` .. ``first + count - 1`` exist in this user namespace."""
+    with open(map_file) as f:
+        for line in f:
+            inside, _, length = map(int, line.split())
+            if inside <= first and first + count <= inside + length:
+                return True
+    return False
+
+
+def kernel_ids(first: int, count: int = 65536) -> tuple[int, int] | None:
+    """For a grader running as root: the unprivileged ids its kernels run as (one each,
+    in turn). ``first`` where this user namespace has them (a container's root may have
+    only 65536 ids), else the upper half of its ids. None for an ordinary user."""
+    if os.getuid() != 0:
+        return None
+    while count >= 16:
+        for start in (first, 65536 - count - 2):  # below nobody (65534) otherwise
+            if start > 0 and all(
+                _mapped(f"/proc/self/{m}", start, count) for m in ("uid_map", "gid_map")
+            ):
+                return start, count
+        count //= 2
+    raise SandboxUnavailable(
+        "running as root in a user namespace with too few user ids to run student "
+        "kernels as an unprivileged user"
+    )
+
+
+@dataclass
+class KernelEnd:
+    """How a jailed kernel ended, as the zygote saw it (``launcher.py`` writes it)."""
+
+    exit_code: int | None = None
+    signal: int | None = None
+    killed_by: str | None = None  # "grader" (a limit, the end of grading) or "memory"
+    peak_mb: float | None = None  # the most its processes held together
+    killed_for_memory_mb: list[float] = field(default_factory=list)
+    lost: bool = False  # no report: the zygote's child or the launcher was killed
+    log: str = ""  # the kernel's own output before IPython took over, and the zygote's
+
+    @property
+    def killed_from_outside(self) -> bool:
+        """Ended by something outside the submission: the host's out-of-memory killer,
+        an administrator's kill. A kernel is PID 1 of its namespace, so no process of
+        the submission can send it SIGKILL, SIGTERM or SIGHUP."""
+        if self.lost:
+            return True
+        outside = (signal.SIGKILL, signal.SIGTERM, signal.SIGHUP)
+        return self.signal in outside and self.killed_by is None
+
+    def log_tail(self, lines: int = 3) -> str:
+        kept = [line for line in self.log.strip().splitlines() if line.strip()]
+        return " | ".join(kept[-lines:])
+
+
+class Sandbox:
+    """One warm zygote per batch; ``kernel()`` gives a fresh jailed kernel per submission."""
+
+    def __init__(
+        self,
+        limits: Limits | None = None,
+        hide: list[Path] = (),
+        ready_timeout: float = 120.0,
+    ):
+        self.limits = limits or Limits()
+        self.base = Path(tempfile.mkdtemp(prefix="course-sandbox-"))
+        self.base.chmod(0o700)
+        (self.base / "kernels").mkdir()
+        (self.base / "status").mkdir()
+        self.socket = str(self.base / "zygote.sock")
+        python = _python_paths()
+        self.kernel_ids = kernel_ids(self.limits.kernel_uid)
+        config = {
+            "base": str(self.base),
+            "expose": [*_SYSTEM, *python],
+            "hide": [str(REPO), *map(str, hide), *self.limits.hide],
+            "path": [
+                os.path.join(p, "bin")
+                for p in python
+                if p.endswith(("/usr", sys.prefix))
+            ]
+            + ["/usr/local/bin", "/usr/bin", "/bin"],
+            "memory": self.limits.memory_mb * 2**20,
+            "disk": self.limits.disk,
+            "file_size": self.limits.file_mb * 2**20,
+            "processes": self.limits.processes,
+            "threads": self.limits.threads,
+            "kernel_ids": self.kernel_ids,
+            "watch_period": self.limits.watch_period,
+        }
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        env["MPLBACKEND"] = "Agg"
+        # glibc reserves 64 MB of address space per malloc arena and adds arenas under
+        # contention (a loaded machine): kernels forked from here would drift towards
+        # RLIMIT_AS and fail with MemoryError through no fault of the submission
+        env["MALLOC_ARENA_MAX"] = "2"
+        self.process = subprocess.Popen(
+            [sys.executable, str(_HERE / "zygote.py"), self.socket, json.dumps(config)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=self.base,
+            env=env,
+            start_new_session=True,
+        )
+        ready, _, _ = select.select([self.process.stdout], [], [], ready_timeout)
+        line = self.process.stdout.readline() if ready else b""
+        if line.strip() != b"ready":
+            self.close()
+            why = self.process.stderr.read().decode(errors="replace").strip()
+            from autograder.grading.sandbox.diagnose import explain
+
+            raise SandboxUnavailable(
+                explain(why.splitlines()[-1] if why else "the zygote did not answer")
+            )
+
+    @contextmanager
+    def kernel(self) -> Iterator[tuple[AsyncKernelManager, Path]]:
+        """A kernel manager whose kernel runs jailed, and the kernel's directory."""
+        kernel_dir = Path(tempfile.mkdtemp(dir=self.base / "kernels"))
+        request = {
+            "kernel_dir": str(kernel_dir),
+            "connection_file": str(kernel_dir / "kernel.json"),
+            "status_file": str(self._status_file(kernel_dir)),
+        }
+        command = [
+            sys.executable,
+            "-I",
+            "-S",
+            str(_HERE / "launcher.py"),
+            self.socket,
+            json.dumps(request),
+        ]
+        km = _LaunchedKernelManager(
+            command,
+            transport="ipc",
+            ip=str(kernel_dir / "ipc"),
+            connection_file=request["connection_file"],
+        )
+        try:
+            yield km, kernel_dir
+        finally:
+            stop_kernel(km)
+            shutil.rmtree(kernel_dir, ignore_errors=True)
+            self._status_file(kernel_dir).unlink(missing_ok=True)
+
+    def _status_file(self, kernel_dir: Path) -> Path:
+        return self.base / "status" / f"{kernel_dir.name}.json"
+
+    def end(self, km: AsyncKernelManager, kernel_dir: Path) -> KernelEnd:
+        """Stop the kernel (if it still runs) and say how it ended."""
+        stop_kernel(km)
+        end = KernelEnd(lost=True)
+        try:
+            report = json.loads(self._status_file(kernel_dir).read_text())
+            end = KernelEnd(**{k: v for k, v in report.items() if k != "log"})
+        except (OSError, ValueError, TypeError):
+            pass
+        if self.process.poll() is not None:
+            end.lost = True
+            end.log = "the sandbox's zygote process has died"
+        for name in ("kernel.log", "sandbox.log"):
+            try:
+                with open(kernel_dir / name, errors="replace") as f:
+                    end.log += f.read()[-4000:]
+            except OSError:
+                pass
+        return end
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+        shutil.rmtree(self.base, ignore_errors=True)
+
+    def __enter__(self) -> Sandbox:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _launcher(km: AsyncKernelManager):
+    return getattr(getattr(km, "provisioner", None), "process", None)
+
+
+def kill_kernel(km: AsyncKernelManager, grace: float = 5.0) -> None:
+    """End the kernel's process group (safe from any thread). In the sandbox that is the
+    launcher, whose end takes the kernel and all it started with it. It is asked first
+    (SIGTERM), so that it writes how the kernel ended; SIGKILL follows if it has not
+    exited within ``grace`` seconds."""
+    process = _launcher(km)
+    if process is None or process.poll() is not None:
+        return
+    try:
+        process.terminate()
+        process.wait(grace)
+        return
+    except (OSError, subprocess.TimeoutExpired):
+        pass
+    try:
+        group = os.getpgid(process.pid)
+        if group == os.getpgid(0):  # never the grader's own group
+            raise ProcessLookupError
+        os.killpg(group, signal.SIGKILL)
+    except OSError:
+        process.kill()
+    process.wait()
+
+
+def stop_kernel(km: AsyncKernelManager) -> None:
+    """nbclient leaves a kernel it did not start running: end it and free its files."""
+    kill_kernel(km)
+    try:
+        run_sync(km.cleanup_resources)()
+    except Exception:  # noqa: BLE001 (best effort: the files live in a folder we delete)
+        pass
+
+
+class _LaunchedKernelManager(AsyncKernelManager):
+    """Starts ``command`` (the launcher) instead of the kernelspec's command."""
+
+    def __init__(self, command: list[str], **kwargs):
+        super().__init__(kernel_name="python3", **kwargs)
+        self._command = command
+
+    def format_kernel_cmd(self, extra_arguments=None) -> list[str]:
+        return list(self._command)
+
+
+class Unsandboxed:
+    """``--no-sandbox``: a plain local kernel with a scrubbed environment (trusted code only)."""
+
+    def __init__(self, limits: Limits | None = None):
+        self.limits = limits or Limits()
+
+    @contextmanager
+    def kernel(self) -> Iterator[tuple[AsyncKernelManager, Path]]:
+        with tempfile.TemporaryDirectory(prefix="grade-") as tmp:
+            km = AsyncKernelManager(kernel_name="python3")
+            try:
+                yield km, Path(tmp)
+            finally:
+                stop_kernel(km)
+
+    def end(self, km: AsyncKernelManager, kernel_dir: Path) -> KernelEnd:
+        """Without the jail nothing tells who ended the kernel: never a retry."""
+        stop_kernel(km)
+        return KernelEnd()
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> Unsandboxed:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass

@@ -1,0 +1,184 @@
+"""The vocabulary of hidden tests: a test calls one exercise on cases drawn at grading time.
+
+A chapter's hidden tests live in ``autograder/hidden_tests/<module>.py`` as two lists:
+
+- ``TESTS``: :class:`HiddenTest` objects. Each makes its cases from a seeded
+  ``torch.Generator``; the student's outputs on those cases are compared with the
+  reference's (``solutions/<module>.py``) at the test's tolerance level.
+- ``MISTAKES``: :class:`Mistake` objects, plausible wrong answers. When a student's output
+  matches one, the feedback names it; the project's own tests check that every hidden test
+  fails on them (tests of the tests).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any
+
+from autograder.grading.delegation import FEATURES
+from autograder.grading.tolerances import LEVELS
+from autograder.paths import chapter_ids, module_name
+
+
+@dataclass
+class Init:
+    """Constructor arguments for a module exercise: the student's class is built with these
+    and then loaded with the reference's (randomised) parameters."""
+
+    args: tuple = ()
+    kwargs: dict = field(default_factory=dict)
+    # False: keep the module's own parameters (a module with fixed buffers only, say)
+    load_state: bool = True
+
+
+@dataclass
+class Case:
+    """One call of an exercise. ``label`` is shown in feedback; the inputs never are."""
+
+    args: tuple = ()
+    kwargs: dict = field(default_factory=dict)
+    label: str = ""
+    init: Init | None = None  # set for module exercises (a class, then called)
+    method: str | None = None  # call this method instead of forward
+    # methods called on the module before the call, e.g.
+    # [("load_torch_weights", (torch_layer("MultiheadAttention", ...),))]
+    setup: list[tuple[str, tuple]] = field(default_factory=list)
+
+    def to_plan(self, state: dict | None) -> dict:
+        """The plain data a probe needs to make this call (tensors, numbers, strings)."""
+        init = (
+            None
+            if self.init is None
+            else [list(self.init.args), dict(self.init.kwargs)]
+        )
+        return {
+            "args": list(self.args),
+            "kwargs": dict(self.kwargs),
+            "init": init,
+            "state": state,
+            "method": self.method,
+            "setup": [[name, list(args)] for name, args in self.setup],
+        }
+
+
+def case(
+    *args: Any,
+    label: str = "",
+    init: Init | None = None,
+    method: str | None = None,
+    setup: list[tuple[str, tuple]] | None = None,
+    **kwargs: Any,
+) -> Case:
+    """Shorthand: ``case(q, k, v, mask=m, label="causal mask")``."""
+    return Case(
+        args=args,
+        kwargs=kwargs,
+        label=label,
+        init=init,
+        method=method,
+        setup=list(setup or []),
+    )
+
+
+def torch_layer(
+    name: str, *args: Any, state: dict | None = None, **kwargs: Any
+) -> dict:
+    """A PyTorch layer as plain data, built inside the sandbox for a call argument:
+    ``torch_layer("MultiheadAttention", 8, 2, batch_first=True, state=mha.state_dict())``.
+    ``name`` must be one of ``autograder.grading.probe._TORCH_LAYERS``."""
+    return {
+        "torch.nn": name,
+        "args": list(args),
+        "kwargs": dict(kwargs),
+        "state": state,
+    }
+
+
+def notebook_function(name: str, **kwargs: Any) -> dict:
+    """One of the notebook's own functions as a call argument, with ``kwargs`` bound:
+    ``attend(q, k, v, score_fn=notebook_function("general_score", W=W))`` calls the
+    student's ``attend`` with the student's ``general_score`` (and the reference's with the
+    reference's). Plans stay plain data: the function is looked up where the call is made."""
+    return {"notebook": name, "kwargs": dict(kwargs)}
+
+
+@dataclass
+class HiddenTest:
+    id: str  # unique across the course; also the nbgrader grade_id
+    exercise: str  # the function or class name the student implements
+    points: float
+    description: str  # what passing means, shown to students with the test's name
+    make_cases: Callable[[Any], list[Case]]  # torch.Generator -> cases
+    level: str = "op"  # a key of autograder.grading.tolerances.LEVELS
+    outputs: tuple[str, ...] = ()  # names of the returned values, for messages
+    # PyTorch features the exercise must not delegate to: keys of
+    # autograder.grading.delegation.FEATURES (e.g. "sdpa", "mha")
+    forbidden: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.level not in LEVELS:
+            raise ValueError(f"{self.id}: unknown tolerance level {self.level!r}")
+        unknown = set(self.forbidden) - set(FEATURES)
+        if unknown:
+            raise ValueError(f"{self.id}: unknown forbidden features {sorted(unknown)}")
+
+
+@dataclass
+class Mistake:
+    """A plausible wrong answer: same signature as the exercise, recognisable output."""
+
+    exercise: str
+    name: str
+    hint: str  # says what went wrong and what to check, in the student's terms
+    impl: Callable
+
+
+@dataclass
+class ChapterTests:
+    chapter: str
+    tests: list[HiddenTest]
+    mistakes: list[Mistake]
+
+    @property
+    def max_score(self) -> float:
+        return float(sum(t.points for t in self.tests))
+
+    @property
+    def exercises(self) -> list[str]:
+        return list(dict.fromkeys(t.exercise for t in self.tests))
+
+    def test(self, test_id: str) -> HiddenTest:
+        for t in self.tests:
+            if t.id == test_id:
+                return t
+        raise KeyError(f"{self.chapter} has no hidden test {test_id!r}")
+
+    def mistakes_for(self, exercise: str) -> list[Mistake]:
+        return [m for m in self.mistakes if m.exercise == exercise]
+
+    def reference(self) -> ModuleType:
+        return importlib.import_module(f"solutions.{module_name(self.chapter)}")
+
+
+def graded_chapters() -> list[str]:
+    """The chapters that have hidden tests, i.e. the nbgrader assignments, in order."""
+    return [
+        c
+        for c in chapter_ids()
+        if importlib.util.find_spec(f"autograder.hidden_tests.{module_name(c)}")
+    ]
+
+
+def load_chapter_tests(chapter: str) -> ChapterTests:
+    module = importlib.import_module(f"autograder.hidden_tests.{module_name(chapter)}")
+    tests = ChapterTests(
+        chapter, list(module.TESTS), list(getattr(module, "MISTAKES", []))
+    )
+    ids = [t.id for t in tests.tests]
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"{chapter}: duplicate hidden test ids in {ids}")
+    return tests
