@@ -4,6 +4,7 @@
   notebooks (``python -m autograder build``).
 - ``grading``: a submission run in the sandbox and judged (``python -m autograder grade``,
   ``autograde``; nbgrader's ``autograde`` through ``grading.nbgrader_bridge``).
-- ``hidden_tests``: authored, one module per chapter: the hidden tests and known mistakes.
+- ``hidden_tests``, ``known_mistakes``: authored, one module per chapter: the hidden tests,
+  and the plausible wrong answers the feedback names.
 - ``course``: nbgrader's course root (its config, ``source/``, ``release/``, the gradebook).
 """

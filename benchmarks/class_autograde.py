@@ -38,7 +38,7 @@ from grading import KINDS, PLAIN_CONFIG  # noqa: E402
 
 from autograder.grading.nbgrader_bridge import COURSE_ID  # noqa: E402
 from autograder.paths import COURSE_ROOT  # noqa: E402
-from tests.conftest import student_notebook, write  # noqa: E402
+from tests.notebooks import student_notebook, write  # noqa: E402
 
 CHAPTER = "03_self_attention"
 CLASS_KINDS = {

@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from autograder.grading.grade import grade_many  # noqa: E402
-from tests.conftest import release_notebook, student_notebook, write  # noqa: E402
+from tests.notebooks import release_notebook, student_notebook, write  # noqa: E402
 
 CHAPTER = "03_self_attention"
 KINDS = {

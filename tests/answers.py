@@ -11,25 +11,145 @@ A chapter's module lists them in two tables and hands them to the helpers here::
 
 from __future__ import annotations
 
+import ast
+import functools
+import importlib
+import inspect
+import sys
+import textwrap
+from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-from autograder.grading import probe
-from autograder.grading.judge import judge
+from autograder.grading import delegation, probe
+from autograder.grading.judge import verdict
 from autograder.grading.prepare import prepare
 from autograder.grading.spec import load_chapter_tests
+from autograder.grading.student_code import StudentCode, given_sources
+from autograder.paths import REPO
 
 SEEDS = [0, 1, 2]
 
 
 def verdicts(tests, namespace, seed=0, selected=None):
-    """Judge what ``namespace`` (exercise name -> implementation) returns on every hidden test."""
+    """Judge what ``namespace`` (exercise name -> implementation) returns on every hidden
+    test, exactly as the grader judges a notebook: the same verdict function, reading the
+    code a notebook holding these implementations would hold (``code_of``)."""
+    code = code_of(namespace, tests.chapter)
     out = {}
     for p in prepare(tests, selected or tests.tests, seed):
-        got = probe.run(namespace, [p.probe_plan])[0]
-        out[p.test.id] = judge(tests, p.test, p.cases, p.plans, p.expected, got)
+        got = probe.run_test(namespace, p.test_plan)
+        out[p.test.id] = verdict(tests, p, got, code)
     return out
+
+
+def code_of(namespace: dict, chapter: str) -> StudentCode:
+    """The code cells of a notebook that defines ``namespace``: each function's or class's
+    source under its name in the namespace, with the top-level definitions and imports of
+    its module that it reads. What has no source (a builtin, a partial) adds nothing."""
+    cells, done = [], set()
+    for name, value in namespace.items():
+        source = _source(value)
+        if source is None:
+            continue
+        module = sys.modules.get(getattr(value, "__module__", ""))
+        cells += _module_context(module, ast.parse(source), done)
+        if (value.__module__, value.__qualname__) not in done:
+            done.add((value.__module__, value.__qualname__))
+            cells.append(source)
+        if value.__name__ != name:
+            cells.append(f"{name} = {value.__name__}")
+    return StudentCode(cells, given_sources(chapter))
+
+
+def _source(value) -> str | None:
+    """The definition of a function or class written in this repository, dedented; None
+    for anything else (PyTorch's own, a lambda, a partial)."""
+    if not (inspect.isfunction(value) or inspect.isclass(value)):
+        return None
+    if not value.__name__.isidentifier():  # a lambda
+        return None
+    return _definition(value)
+
+
+@functools.cache
+def _definition(value) -> str | None:
+    try:
+        if not Path(inspect.getsourcefile(value)).resolve().is_relative_to(REPO):
+            return None
+        source = textwrap.dedent(inspect.getsource(value))
+        ast.parse(source)
+    except (OSError, TypeError, SyntaxError):
+        return None
+    return source
+
+
+@functools.cache
+def _top_level(module: ModuleType) -> dict[str, list[ast.stmt]]:
+    """A module's top-level statements by the names they bind."""
+    try:
+        top = ast.parse(inspect.getsource(module)).body
+    except (OSError, TypeError, SyntaxError):
+        return {}
+    bound: dict[str, list[ast.stmt]] = {}
+    for node in top:
+        for name in _binds(node):
+            bound.setdefault(name, []).append(node)
+    return bound
+
+
+def _module_context(module, tree: ast.AST, done: set) -> list[str]:
+    """The top-level statements of ``module`` that the code in ``tree`` reads, following
+    what they read in turn (each statement once)."""
+    if module is None:
+        return []
+    bound = _top_level(module)
+    cells, todo = [], [tree]
+    while todo:
+        for sub in ast.walk(todo.pop()):
+            if not isinstance(sub, ast.Name):
+                continue
+            for node in bound.get(sub.id, []):
+                key = (module.__name__, id(node))
+                if key not in done:
+                    done.add(key)
+                    cells += _statement(node, done)
+                    todo.append(node)
+    return cells
+
+
+def _statement(node: ast.stmt, done: set) -> list[str]:
+    """A top-level statement as a notebook would hold it: a function or class imported
+    from this repository is written out, as the student would have written it."""
+    if not isinstance(node, ast.ImportFrom) or node.level or not node.module:
+        return [ast.unparse(node)]
+    module = importlib.import_module(node.module)
+    kept, cells = [], []
+    for alias in node.names:
+        value = getattr(module, alias.name, None)
+        source = _source(value)
+        if source is None:
+            kept.append(alias)
+            continue
+        cells += _module_context(sys.modules[value.__module__], ast.parse(source), done)
+        cells.append(source)
+        if alias.asname and alias.asname != value.__name__:
+            cells.append(f"{alias.asname} = {value.__name__}")
+    if kept:
+        cells.insert(0, ast.unparse(ast.ImportFrom(node.module, kept, 0)))
+    return cells
+
+
+def _binds(node: ast.stmt) -> list[str]:
+    if isinstance(node, ast.FunctionDef | ast.ClassDef):
+        return [node.name]
+    if isinstance(node, ast.Import | ast.ImportFrom):
+        return [a.asname or a.name.split(".")[0] for a in node.names]
+    if isinstance(node, ast.Assign | ast.AnnAssign):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        return [n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)]
+    return []
 
 
 def _name(answer) -> str:
@@ -75,9 +195,17 @@ def assert_wrong_answer_fails(
         if test_ids is None
         else [tests.test(i) for i in test_ids]
     )
-    results = verdicts(tests, {**vars(reference), exercise: wrong}, 0, selected)
+    namespace = {**vars(reference), exercise: wrong}
+    results = verdicts(tests, namespace, 0, selected)
     for test_id, v in results.items():
         assert not v.passed, f"{_name(wrong)} passes {test_id}"
+    # caught by the test itself, not only because its code reads like delegation
+    code = code_of(namespace, chapter)
+    for test in selected:
+        refusal = delegation.refusal(
+            code.cells, exercise, test.forbidden, code.given, passed=False
+        )
+        assert refusal is None, f"{_name(wrong)} is read as: {refusal}"
 
 
 def assert_right_answer_passes(

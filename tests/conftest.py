@@ -1,59 +1,10 @@
-"""Shared helpers: the derived notebooks, and student notebooks answered right or wrong."""
+"""pytest's fixtures and the report of measured figures (helpers: ``tests/notebooks.py``)."""
 
-from collections.abc import Callable
-from pathlib import Path
-
-import nbformat
 import pytest
 
-from autograder import paths
-from autograder.build.solution_cells import BEGIN, END
 from autograder.grading.spec import graded_chapters
 
 CHAPTERS = graded_chapters()
-
-
-def _is_solution(cell) -> bool:
-    return cell.get("metadata", {}).get("nbgrader", {}).get("solution", False)
-
-
-def release_notebook(chapter: str):
-    return nbformat.read(paths.release_notebook(chapter), as_version=4)
-
-
-def source_notebook(chapter: str):
-    return nbformat.read(paths.nbgrader_source(chapter), as_version=4)
-
-
-def answers(chapter: str) -> dict[str, str]:
-    """The reference answer of every exercise cell, by grade id, without nbgrader's markers."""
-    return {
-        cell.metadata.nbgrader.grade_id: "\n".join(
-            line
-            for line in cell.source.splitlines()
-            if line.strip() not in (BEGIN, END)
-        )
-        for cell in source_notebook(chapter).cells
-        if _is_solution(cell)
-    }
-
-
-def student_notebook(chapter: str, edit: Callable[[str], str] | None = None):
-    """The released notebook as a student who copied the reference would submit it;
-    ``edit`` changes each answer (to make a plausible wrong one)."""
-    nb = release_notebook(chapter)
-    filled = answers(chapter)
-    for cell in nb.cells:
-        if _is_solution(cell):
-            cell.source = filled[cell.metadata.nbgrader.grade_id]
-            if edit is not None:
-                cell.source = edit(cell.source)
-    return nb
-
-
-def write(nb, path: Path) -> Path:
-    nbformat.write(nb, path)
-    return path
 
 
 @pytest.fixture(params=CHAPTERS)

@@ -13,8 +13,15 @@ import sys
 import pytest
 
 from autograder import paths
-from tests.conftest import release_notebook, student_notebook, write
-from tests.test_grading import _grade_cli, _scores, _with_extra_cell
+from tests.attack_cells import PATCH_COMPARISONS, STEAL, stub_with_cell
+from tests.notebooks import (
+    grade_cli,
+    release_notebook,
+    scores_by_test,
+    student_notebook,
+    with_extra_cell,
+    write,
+)
 
 pytestmark = pytest.mark.slow
 CHAPTER = "03_self_attention"
@@ -25,30 +32,13 @@ def _unscaled(source: str) -> str:
     return source.replace(" / math.sqrt(d_k)", "")
 
 
-def _stub_with_cell(source: str):
-    """The untouched notebook plus ``source`` after the last exercise (so that a stolen
-    answer is not overwritten by a later stub)."""
-    return _with_extra_cell(release_notebook(CHAPTER), source, "exercise_SelfAttention")
-
-
 def _unscaled_with_cell(source: str):
-    return _with_extra_cell(
+    return with_extra_cell(
         student_notebook(CHAPTER, _unscaled),
         source,
         "exercise_scaled_dot_product_attention",
     )
 
-
-PATCH_COMPARISONS = """
-import math, numpy, numpy.testing, torch, torch.testing
-torch.allclose = lambda *a, **k: True
-torch.equal = lambda *a, **k: True
-torch.testing.assert_close = lambda *a, **k: None
-torch.Tensor.__eq__ = lambda self, other: torch.ones((), dtype=torch.bool)
-numpy.allclose = lambda *a, **k: True
-numpy.testing.assert_allclose = lambda *a, **k: None
-math.isclose = lambda *a, **k: True
-"""
 
 SWALLOW_EXCEPTIONS = """
 import sys
@@ -93,31 +83,6 @@ for folder in ["solutions", "{REPO}/solutions", "/tmp/solutions"]:
         print("could not poison", folder, exc)
 """
 
-# Gets the reference answers if any route to them exists; else leaves the stubs.
-STEAL = f"""
-import glob, json, sys
-stolen = {{}}
-try:
-    sys.path.insert(0, "{REPO}")
-    from solutions.self_attention import (
-        scaled_dot_product_attention, causal_mask, padding_mask, SelfAttention)
-    stolen["import"] = True
-except Exception as exc:
-    print("no import:", exc)
-for path in ["{REPO}/autograder/course/source/{CHAPTER}/{CHAPTER}.ipynb",
-             *[p for top in ("/tmp", "/submission", "/root", "/home", "/work")
-               for p in glob.glob(top + "/**/source/{CHAPTER}/*.ipynb", recursive=True)]]:
-    try:
-        nb = json.load(open(path))
-    except Exception as exc:
-        print("no instructor notebook:", exc)
-        continue
-    for cell in nb["cells"]:
-        if cell["cell_type"] == "code" and "BEGIN SOLUTION" in "".join(cell["source"]):
-            exec("".join(cell["source"]))
-    stolen["notebook"] = True
-    break
-"""
 
 FAKE_REPORT = """
 import json, os, torch
@@ -158,7 +123,7 @@ subprocess.Popen(["sleep", "987"], start_new_session=True)
 
 def _attack_notebooks(d):
     def answers_then(cell):
-        return _with_extra_cell(
+        return with_extra_cell(
             student_notebook(CHAPTER), cell, "exercise_SelfAttention"
         )
 
@@ -166,11 +131,11 @@ def _attack_notebooks(d):
         "unscaled": student_notebook(CHAPTER, _unscaled),
         "stub": release_notebook(CHAPTER),
         "patch_comparisons": _unscaled_with_cell(PATCH_COMPARISONS),
-        "swallow_exceptions": _stub_with_cell(SWALLOW_EXCEPTIONS),
+        "swallow_exceptions": stub_with_cell(SWALLOW_EXCEPTIONS),
         "mock_modules": _unscaled_with_cell(MOCK_MODULES),
         "poison_reference": _unscaled_with_cell(POISON),
-        "steal_reference": _stub_with_cell(STEAL),
-        "fake_report": _stub_with_cell(FAKE_REPORT),
+        "steal_reference": stub_with_cell(STEAL),
+        "fake_report": stub_with_cell(FAKE_REPORT),
         "delegate": answers_then(DELEGATE),
         "delegate_hidden": answers_then(DELEGATE_HIDDEN),
         "daemon": answers_then(DAEMON),
@@ -195,7 +160,7 @@ def _attack_notebooks(d):
 
 
 def _batch(notebooks, *extra):
-    run = _grade_cli(
+    run = grade_cli(
         *notebooks.values(), "--assignment", CHAPTER, "--json", "--jobs", "2",
         "--seed", "7", *extra,
     )  # fmt: skip
@@ -228,7 +193,7 @@ def unjailed(tmp_path_factory):
     """The attacks that only the sandbox stops, graded without it: they must work there."""
     d = tmp_path_factory.mktemp("unjailed")
     return _batch(
-        {"steal_reference": write(_stub_with_cell(STEAL), d / "steal.ipynb")},
+        {"steal_reference": write(stub_with_cell(STEAL), d / "steal.ipynb")},
         "--no-sandbox",
     )
 
@@ -251,7 +216,9 @@ def test_baselines(attacked):
     ],
 )
 def test_a_trick_earns_nothing(attacked, attack, baseline):
-    assert _scores(attacked[attack]) == _scores(attacked[baseline]), attacked[attack]
+    assert scores_by_test(attacked[attack]) == scores_by_test(attacked[baseline]), (
+        attacked[attack]
+    )
     assert attacked[attack]["max_score"] == attacked[baseline]["max_score"] == 10
 
 
@@ -331,9 +298,7 @@ def switched_off(tmp_path_factory):
         name: write(_flash_answer(source), d / f"{name}.ipynb")
         for name, source in (("evasion", SWITCHED_OFF), ("wrong", WRONG_FLASH))
     }
-    run = _grade_cli(
-        *notebooks.values(), "--assignment", FLASH, "--json", "--seed", "7"
-    )
+    run = grade_cli(*notebooks.values(), "--assignment", FLASH, "--json", "--seed", "7")
     assert run.returncode == 0, run.stderr
     results = [json.loads(line) for line in run.stdout.splitlines()]
     return dict(zip(notebooks, results, strict=True))
@@ -342,7 +307,7 @@ def switched_off(tmp_path_factory):
 def test_switching_the_watch_off_earns_what_a_wrong_answer_earns(switched_off):
     evasion, wrong = switched_off["evasion"], switched_off["wrong"]
     assert evasion["score"] == wrong["score"] < evasion["max_score"], evasion
-    assert _scores(evasion) == _scores(wrong)
+    assert scores_by_test(evasion) == scores_by_test(wrong)
     flash = [t for t in evasion["tests"] if t["id"].startswith("ea_flash")]
     assert flash
     for test in flash:

@@ -17,7 +17,7 @@ import yaml
 
 from autograder.paths import REPO, chapter_ids
 from tests.browser import Browser, Site
-from tests.conftest import CHAPTERS
+from tests.notebooks import CHAPTERS
 
 pytestmark = pytest.mark.slow
 

@@ -11,7 +11,7 @@ from autograder import paths
 from autograder.build import stale_files
 from autograder.build.solution_cells import exercise_names
 from autograder.grading.spec import load_chapter_tests
-from tests.conftest import CHAPTERS, answers, release_notebook, source_notebook
+from tests.notebooks import CHAPTERS, answers, release_notebook, source_notebook
 
 NOTEBOOK_PRELUDE = (
     "import math\nimport torch\nimport torch.nn.functional as F\nfrom torch import nn\n"

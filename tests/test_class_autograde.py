@@ -13,7 +13,7 @@ from nbgrader.api import Gradebook, MissingEntry
 from autograder import paths
 from autograder.grading.autograde import in_shard
 from autograder.grading.nbgrader_bridge import COURSE_ID
-from tests.conftest import release_notebook, student_notebook, write
+from tests.notebooks import release_notebook, student_notebook, write
 
 pytestmark = pytest.mark.slow
 CHAPTER = "03_self_attention"

@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from autograder import paths
-from tests.conftest import CHAPTERS, release_notebook, student_notebook, write
+from tests.notebooks import CHAPTERS, release_notebook, student_notebook, write
 
 pytestmark = pytest.mark.slow
 

@@ -20,8 +20,7 @@ from autograder.grading.limits import Limits
 from autograder.grading.preflight import prove
 from autograder.grading.sandbox import Sandbox, SandboxUnavailable
 from autograder.grading.sandbox.diagnose import APPARMOR_PROFILE, cause
-from tests.conftest import release_notebook, student_notebook, write
-from tests.test_sandbox import run_cells
+from tests.notebooks import release_notebook, run_cells, student_notebook, write
 
 pytestmark = pytest.mark.slow
 CHAPTER = "03_self_attention"
@@ -108,7 +107,7 @@ _IMPORTS_IN_JAIL = """
 import sys
 from autograder.grading.sandbox import Sandbox
 from autograder.grading.preflight import prove
-from tests.test_sandbox import run_cells
+from tests.notebooks import run_cells
 with Sandbox() as sandbox:
     prove(sandbox)
     print(run_cells(sandbox, "import torch, sys; print('jailed', sys.prefix)")[0])

@@ -7,35 +7,20 @@ import shutil
 import subprocess
 import sys
 
-import nbformat
 import pytest
 
 from autograder import paths
-from tests.conftest import release_notebook, student_notebook, write
+from tests.notebooks import (
+    grade_cli,
+    release_notebook,
+    scores_by_test,
+    student_notebook,
+    with_extra_cell,
+    write,
+)
 
 pytestmark = pytest.mark.slow
 CHAPTER = "03_self_attention"
-
-
-def _grade_cli(*args, timeout=600):
-    return subprocess.run(
-        [sys.executable, "-m", "autograder", "grade", *map(str, args)],
-        cwd=paths.REPO,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
-def _with_extra_cell(nb, source, after_grade_id):
-    for i, cell in enumerate(nb.cells):
-        if (
-            cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
-            == after_grade_id
-        ):
-            nb.cells.insert(i + 1, nbformat.v4.new_code_cell(source))
-            return nb
-    raise AssertionError(after_grade_id)
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +43,7 @@ def batch(tmp_path_factory):
             d / "renamed.ipynb",
         ),
         "hangs_in_cell": write(
-            _with_extra_cell(
+            with_extra_cell(
                 student_notebook(CHAPTER),
                 "while True:\n    pass",
                 "exercise_causal_mask",
@@ -95,7 +80,7 @@ def batch(tmp_path_factory):
             d / "exit_in_function.ipynb",
         ),
         "os_exit": write(
-            _with_extra_cell(
+            with_extra_cell(
                 student_notebook(CHAPTER),
                 "import os\nos._exit(3)",
                 "exercise_SelfAttention",
@@ -104,7 +89,7 @@ def batch(tmp_path_factory):
         ),
     }
     notebooks["memory_hog"] = write(
-        _with_extra_cell(
+        with_extra_cell(
             student_notebook(CHAPTER),
             # address space, not touched pages: the limit is reached at once
             "def hog():\n    kept = []\n    while True:\n"
@@ -114,7 +99,7 @@ def batch(tmp_path_factory):
         d / "hog.ipynb",
     )
     notebooks["output_flood"] = write(
-        _with_extra_cell(
+        with_extra_cell(
             student_notebook(CHAPTER),
             "for i in range(10**7):\n    print('x' * 1000)",
             "exercise_causal_mask",
@@ -126,7 +111,7 @@ def batch(tmp_path_factory):
     (d / "notes.txt").write_text("not a notebook")
     notebooks["not_a_notebook"] = d / "notes.txt"
     notebooks["missing_file"] = d / "does_not_exist.ipynb"
-    run = _grade_cli(
+    run = grade_cli(
         *notebooks.values(),
         "--assignment", CHAPTER, "--json", "--jobs", "2",
         "--cell-timeout", "6", "--test-timeout", "5", "--timeout", "120",
@@ -136,10 +121,6 @@ def batch(tmp_path_factory):
     results = [json.loads(line) for line in run.stdout.splitlines()]
     assert [r["notebook"] for r in results] == [str(p) for p in notebooks.values()]
     return dict(zip(notebooks, results, strict=True))
-
-
-def _scores(result):
-    return {t["id"]: t["score"] for t in result["tests"]}
 
 
 def test_every_result_has_the_assignments_max_score(batch):
@@ -163,7 +144,7 @@ def test_untouched_student_notebook_gets_zero(batch):
 
 def test_wrong_answer_loses_its_points_and_is_named(batch):
     result = batch["unscaled"]
-    scores = _scores(result)
+    scores = scores_by_test(result)
     assert scores["causal_mask_values"] == 1.0 and scores["padding_mask_values"] == 1.0
     assert (
         scores["sdpa_basic"]
@@ -180,7 +161,7 @@ def test_wrong_answer_loses_its_points_and_is_named(batch):
 
 def test_missing_function_is_reported(batch):
     result = batch["renamed"]
-    assert _scores(result)["causal_mask_values"] == 0.0
+    assert scores_by_test(result)["causal_mask_values"] == 0.0
     assert result["score"] == 9.0
     causal = next(t for t in result["tests"] if t["id"] == "causal_mask_values")
     assert "does not define `causal_mask`" in causal["message"]
@@ -193,14 +174,14 @@ def test_infinite_loop_in_a_cell_is_interrupted_and_the_rest_graded(batch):
 
 
 def test_infinite_loop_in_a_function_fails_only_its_tests(batch):
-    scores = _scores(batch["hangs_in_function"])
+    scores = scores_by_test(batch["hangs_in_function"])
     assert scores["causal_mask_values"] == 1.0 and scores["padding_mask_values"] == 1.0
     assert scores["sdpa_basic"] == 0.0
 
 
 def test_system_exit_in_a_function_is_an_error_not_a_crash(batch):
     result = batch["sys_exit_in_function"]
-    assert _scores(result)["causal_mask_values"] == 1.0
+    assert scores_by_test(result)["causal_mask_values"] == 1.0
     assert (
         "SystemExit"
         in next(t for t in result["tests"] if t["id"] == "sdpa_basic")["message"]
@@ -215,7 +196,7 @@ def test_kernel_death_gives_zero_and_says_why(batch):
 
 def test_kernel_death_inside_a_test_keeps_earlier_tests(batch):
     result = batch["os_exit_in_function"]
-    scores = _scores(result)
+    scores = scores_by_test(result)
     assert (
         scores["sdpa_basic"]
         == scores["sdpa_masked"]
@@ -247,14 +228,14 @@ def test_unreadable_submissions_get_a_message(batch, name):
 
 def test_chapter_is_recognised_without_assignment(tmp_path):
     path = write(student_notebook(CHAPTER), tmp_path / "My homework (final) v2.ipynb")
-    run = _grade_cli(path, "--json")
+    run = grade_cli(path, "--json")
     assert run.returncode == 0, run.stderr
     result = json.loads(run.stdout)
     assert result["assignment"] == CHAPTER and result["score"] == 10.0
 
 
 def test_unknown_assignment_is_a_usage_error(tmp_path):
-    run = _grade_cli(tmp_path / "x.ipynb", "--assignment", "99_nothing")
+    run = grade_cli(tmp_path / "x.ipynb", "--assignment", "99_nothing")
     assert run.returncode == 2 and "unknown assignment" in run.stderr
 
 
@@ -292,7 +273,7 @@ def test_nbgrader_workflow(tmp_path):
     for student in ("alice", "bob", "carol", "dave"):
         nbgrader("db", "student", "add", student)
     nbgrader("generate_assignment", CHAPTER, "--force")
-    from tests.test_attacks import PATCH_COMPARISONS, STEAL, _stub_with_cell
+    from tests.attack_cells import PATCH_COMPARISONS, STEAL, stub_with_cell
 
     unscaled = student_notebook(CHAPTER, lambda s: s.replace(" / math.sqrt(d_k)", ""))
     for student, nb in [
@@ -300,9 +281,9 @@ def test_nbgrader_workflow(tmp_path):
         ("bob", release_notebook(CHAPTER)),
         (
             "carol",
-            _with_extra_cell(unscaled, PATCH_COMPARISONS, "exercise_SelfAttention"),
+            with_extra_cell(unscaled, PATCH_COMPARISONS, "exercise_SelfAttention"),
         ),
-        ("dave", _stub_with_cell(STEAL)),
+        ("dave", stub_with_cell(STEAL)),
     ]:
         folder = root / "submitted" / student / CHAPTER
         folder.mkdir(parents=True)

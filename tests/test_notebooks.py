@@ -5,10 +5,12 @@ import time
 import pytest
 from nbclient import NotebookClient
 
-from tests.conftest import student_notebook
+from tests.notebooks import student_notebook
 
 pytestmark = pytest.mark.slow
-BUDGET_SECONDS = 120  # DESIGN.md: every chapter runs on a 2-core CPU in under 2 minutes
+BUDGET_SECONDS = (
+    120  # the course's budget: every chapter runs on a 2-core CPU in under 2 minutes
+)
 
 
 def test_filled_in_notebook_runs_top_to_bottom(chapter, tmp_path, notebook_timings):

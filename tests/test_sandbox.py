@@ -1,12 +1,11 @@
 """The sandbox's guarantees, checked from inside a jailed kernel."""
 
-import nbformat
 import pytest
-from nbclient import NotebookClient
 
 from autograder import paths
 from autograder.grading.limits import Limits
 from autograder.grading.sandbox import Sandbox
+from tests.notebooks import run_cells
 
 pytestmark = pytest.mark.slow
 
@@ -15,26 +14,6 @@ pytestmark = pytest.mark.slow
 def sandbox():
     with Sandbox(Limits(memory_mb=4096)) as sb:
         yield sb
-
-
-def run_cells(sandbox, *sources):
-    """Run cells in a fresh jailed kernel; returns each cell's printed text or error."""
-    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(s) for s in sources])
-    with sandbox.kernel() as (km, workdir):
-        client = NotebookClient(
-            nb, km=km, allow_errors=True, timeout=60,
-            resources={"metadata": {"path": str(workdir)}},
-        )  # fmt: skip
-        client.execute()
-    texts = []
-    for cell in client.nb.cells:
-        texts.append(
-            "".join(
-                o.get("text", "") or f"{o.get('ename')}: {o.get('evalue')}"
-                for o in cell.outputs
-            )
-        )
-    return texts
 
 
 def test_course_files_are_out_of_reach(sandbox):

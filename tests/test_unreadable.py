@@ -62,10 +62,10 @@ def test_notebook_of_another_course_is_not_recognised(tmp_path):
 def test_a_parser_fault_is_no_grade(tmp_path, monkeypatch):
     """CPython 3.11's ast.parse fails at random ("AST constructor recursion depth
     mismatch") when two threads parse at once. The workers take turns
-    (``grade._READING_CODE``), and should the parser still fail, that is the grader's
+    (``delegation.READING_CODE``), and should the parser still fail, that is the grader's
     fault: no grade, never the zero of an unreadable file."""
     from autograder.grading import grade
-    from tests.conftest import student_notebook, write
+    from tests.notebooks import student_notebook, write
 
     def fails(nb):
         raise SystemError("AST constructor recursion depth mismatch")

@@ -3,15 +3,16 @@
 For each chapter that has hidden tests:
 
 1. ``chapters/<ch>/<ch>.md`` (MyST, read with jupytext) becomes the nbgrader *source*
-   notebook ``autograder/course/source/<ch>/<ch>.ipynb``: book-only cells dropped, MyST turned
-   into Markdown that Jupyter renders, the course helpers inlined, reference bodies fenced into the exercise stubs, and after each
-   exercise's visible checks one graded cell per hidden test.
+   notebook ``autograder/course/source/<ch>/<ch>.ipynb``: book-only cells dropped, MyST
+   turned into Markdown that Jupyter renders, the course helpers inlined, reference bodies
+   fenced into the exercise stubs, and after each exercise's visible checks one graded
+   cell per hidden test.
 2. ``nbgrader generate_assignment`` makes the *student* notebook
    ``autograder/course/release/<ch>/<ch>.ipynb`` from it.
 
 The student notebook's first code cell sets it up on Colab (``colab_setup_cell``) and does
-nothing elsewhere. ``check()`` builds into a temporary course and reports committed files
-that are stale.
+nothing elsewhere. ``stale_files()`` builds into a temporary course and lists the committed
+files that differ from a fresh build.
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ from autograder.grading.spec import (
     load_chapter_tests,
 )
 
-BOOK_ONLY_TAGS = {
+# Tags that only the book's build reads: stripped from the cells the notebooks keep.
+BOOK_RENDERING_TAGS = {
     "book-only",
     "remove-cell",
     "skip-execution",
@@ -171,7 +173,7 @@ def source_notebook(chapter: str, tests: ChapterTests):
         tags = _tags(cell)
         if "book-only" in tags:
             continue
-        kept_tags = [t for t in tags if t not in BOOK_ONLY_TAGS]
+        kept_tags = [t for t in tags if t not in BOOK_RENDERING_TAGS]
         if cell.cell_type == "markdown":
             new = nbformat.v4.new_markdown_cell(to_jupyter_markdown(cell.source))
         else:

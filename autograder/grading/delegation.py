@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import ast
 import builtins
+import functools
 import importlib.util
 import re
 import symtable
 import sys
+import threading
 from collections.abc import Iterator
 from typing import NamedTuple
 
@@ -148,6 +150,11 @@ def message(exercise: str, features: list[str], where: str) -> str:
 
 
 # The student's code, read without running it.
+
+# CPython 3.11's ast.parse is not thread-safe ("SystemError: AST constructor recursion
+# depth mismatch" when two threads parse at once): the workers of a batch take turns to
+# read code.
+READING_CODE = threading.Lock()
 
 
 def _top_level_bindings(trees: list[ast.Module]) -> dict[str, list[ast.AST]]:
@@ -551,8 +558,11 @@ def _runs_at_top_level(tree: ast.Module) -> list[ast.AST]:
     return roots
 
 
+@functools.lru_cache(maxsize=4096)
 def _parse(source: str) -> ast.Module | None:
-    """A cell's code; IPython's ``%magics`` and ``!commands`` as the kernel would run them."""
+    """A cell's code; IPython's ``%magics`` and ``!commands`` as the kernel would run them.
+    Cached (the course's given cells are read for every test): callers never change the
+    tree."""
     try:
         return ast.parse(source)
     except SyntaxError:
@@ -602,6 +612,16 @@ def _module_bindings(tree: ast.Module) -> set[str] | None:
             or (s.is_declared_global() and s.is_assigned())
         ),
     )
+
+
+@functools.lru_cache(maxsize=4096)
+def _cell_bindings(source: str) -> frozenset[str] | None:
+    """``_module_bindings`` of a cell's code (empty when it cannot be read), cached."""
+    tree = _parse(source)
+    if tree is None:
+        return frozenset()
+    names = _module_bindings(tree)
+    return None if names is None else frozenset(names)
 
 
 def _global_references(node: ast.AST) -> set[str]:
@@ -657,8 +677,8 @@ def static_tampering(
             found |= _tampering(node, top_level=True)
             todo.extend(n for n in _words(node)[0] if n in bound)
     defined: set[str] | None = set()
-    for tree in trees + [t for t in map(_parse, given) if t is not None]:
-        names = _module_bindings(tree)
+    for source in [*sources, *given]:
+        names = _cell_bindings(source)
         defined = None if names is None or defined is None else defined | names
     seen, todo = set(), [exercise]
     while todo:

@@ -21,6 +21,7 @@ from autograder.grading import probe
 from autograder.grading.limits import Limits
 from autograder.grading.prepare import PreparedTest
 from autograder.grading.sandbox import kill_kernel
+from autograder.grading.student_code import is_test_cell
 
 
 class QuietClient(NotebookClient):
@@ -61,12 +62,6 @@ class QuietClient(NotebookClient):
                 pass
 
 
-def is_test_cell(cell) -> bool:
-    """An nbgrader test cell: ours to judge, never run (its code comes from the course)."""
-    meta = cell.get("metadata", {}).get("nbgrader", {})
-    return bool(meta.get("grade")) and not meta.get("solution")
-
-
 def _probe_setup_cell() -> str:
     source = Path(probe.__file__).read_text()
     return (
@@ -101,49 +96,9 @@ def run_notebook(
 ) -> tuple[list[list[dict] | None], Run]:
     """Execute the student's code cells, then one probe cell per hidden test; returns each
     test's raw outcomes (None where the probe wrote nothing) and what went wrong."""
-    code = [c for c in nb.cells if c.get("cell_type") == "code"]
-    # which cells run, with their numbers among the notebook's code cells (for messages)
-    numbers = [
-        n + 1
-        for n, c in enumerate(code)
-        if not is_test_cell(c) and c.source not in skip
-    ]
-    student = [nbformat.v4.new_code_cell(code[n - 1].source) for n in numbers]
-    probes, result_paths = [nbformat.v4.new_code_cell(_probe_setup_cell())], []
-    for i, p in enumerate(prepared):
-        plan, result = workdir / f"plan_{i}.pt", workdir / f"result_{i}.pt"
-        torch.save([p.probe_plan], plan)
-        result_paths.append(result)
-        call = f"_grader_probe.run_files({str(plan)!r}, {str(result)!r}, globals())"
-        probes.append(nbformat.v4.new_code_cell(call))
-
-    deadline = time.monotonic() + limits.notebook
-    current = {
-        "index": -1
-    }  # the cell being run, set by nbclient before it asks for a timeout
-
-    def on_cell_start(cell, cell_index):
-        current["index"] = cell_index
-
-    def timeout_for(cell) -> int:
-        if current["index"] >= len(student):
-            return max(1, int(limits.test))
-        return max(1, int(min(limits.cell, deadline - time.monotonic())))
-
-    client = QuietClient(
-        nbformat.v4.new_notebook(cells=student + probes),
-        km=km,
-        timeout_func=timeout_for,
-        on_cell_start=on_cell_start,
-        startup_timeout=int(limits.startup),
-        allow_errors=True,
-        interrupt_on_timeout=True,
-        error_on_timeout={"ename": "TimeoutError", "evalue": "past its time limit"},
-        kernel_name="python3",
-        extra_arguments=["--log-level=ERROR"],
-        resources={"metadata": {"path": str(workdir)}},
-    )
-    client.output_limit = int(limits.output_mb * 2**20)
+    student, numbers = _student_cells(nb, skip)
+    probes, result_paths = _probe_cells(prepared, workdir)
+    client, current = _client(student + probes, len(student), km, workdir, limits)
     run = Run(errors=[])
     # A cell that ignores interrupts cannot outlast this: the kernel is shut down.
     hard_stop = limits.notebook + limits.test * len(prepared) + limits.startup + 30
@@ -167,29 +122,92 @@ def run_notebook(
     finally:
         watchdog.cancel()
         atexit.unregister(client._cleanup_kernel)  # we end the kernel ourselves
+    run.errors += _problems(client, numbers, limits)
+    return [_read_result(path, limits) for path in result_paths], run
+
+
+def _student_cells(nb, skip: frozenset[str]) -> tuple[list, list[int]]:
+    """The student's cells that run (test cells and unchanged ``skip`` cells do not), and
+    each one's number among the notebook's code cells (for messages)."""
+    code = [c for c in nb.cells if c.get("cell_type") == "code"]
+    numbers = [
+        n + 1
+        for n, c in enumerate(code)
+        if not is_test_cell(c) and c.source not in skip
+    ]
+    return [nbformat.v4.new_code_cell(code[n - 1].source) for n in numbers], numbers
+
+
+def _probe_cells(
+    prepared: list[PreparedTest], workdir: Path
+) -> tuple[list, list[Path]]:
+    """The probe's setup cell, then one cell per hidden test that runs its test plan from
+    a file and writes the outcomes to another; returns the cells and those files."""
+    probes, result_paths = [nbformat.v4.new_code_cell(_probe_setup_cell())], []
+    for i, p in enumerate(prepared):
+        plan, result = workdir / f"plan_{i}.pt", workdir / f"result_{i}.pt"
+        torch.save(p.test_plan, plan)
+        result_paths.append(result)
+        call = f"_grader_probe.run_files({str(plan)!r}, {str(result)!r}, globals())"
+        probes.append(nbformat.v4.new_code_cell(call))
+    return probes, result_paths
+
+
+def _client(cells, n_student: int, km, workdir: Path, limits: Limits):
+    """An nbclient for ``cells`` whose first ``n_student`` are the student's, with their
+    time limits; also the index of the cell being run (-1 before the first)."""
+    deadline = time.monotonic() + limits.notebook
+    current = {"index": -1}  # set by nbclient before it asks for a cell's timeout
+
+    def on_cell_start(cell, cell_index):
+        current["index"] = cell_index
+
+    def timeout_for(cell) -> int:
+        if current["index"] >= n_student:
+            return max(1, int(limits.test))
+        return max(1, int(min(limits.cell, deadline - time.monotonic())))
+
+    client = QuietClient(
+        nbformat.v4.new_notebook(cells=cells),
+        km=km,
+        timeout_func=timeout_for,
+        on_cell_start=on_cell_start,
+        startup_timeout=int(limits.startup),
+        allow_errors=True,
+        interrupt_on_timeout=True,
+        error_on_timeout={"ename": "TimeoutError", "evalue": "past its time limit"},
+        kernel_name="python3",
+        extra_arguments=["--log-level=ERROR"],
+        resources={"metadata": {"path": str(workdir)}},
+    )
+    client.output_limit = int(limits.output_mb * 2**20)
+    return client, current
+
+
+def _problems(client: QuietClient, numbers: list[int], limits: Limits) -> list[str]:
+    """What went wrong in the student's cells: floods of output, time limits, errors."""
+    problems = []
     if client.flooded_cell is not None:
         where = (
             f"code cell {numbers[client.flooded_cell]}"
-            if client.flooded_cell < len(student)
+            if client.flooded_cell < len(numbers)
             else "a hidden test"
         )
-        run.errors.append(
+        problems.append(
             f"{where} printed more than {limits.output_mb:g} MB and was interrupted"
         )
-    for i, cell in enumerate(client.nb.cells[: len(student)]):
+    for i, cell in enumerate(client.nb.cells[: len(numbers)]):
         for out in cell.get("outputs", []):
-            if out.get("ename") in (
-                "TimeoutError",
-                "KeyboardInterrupt",
-            ):  # only our limits interrupt
-                run.errors.append(
+            if out.get("ename") in ("TimeoutError", "KeyboardInterrupt"):
+                # only our limits interrupt
+                problems.append(
                     f"code cell {numbers[i]} ran past its time limit and was interrupted"
                 )
             else:
-                run.errors.append(
+                problems.append(
                     f"code cell {numbers[i]}: {out.get('ename')}: {out.get('evalue')}"
                 )
-    return [_read_result(path, limits) for path in result_paths], run
+    return problems
 
 
 def _read_result(path: Path, limits: Limits) -> list[dict] | None:
@@ -197,7 +215,7 @@ def _read_result(path: Path, limits: Limits) -> list[dict] | None:
     try:
         if not path.is_file() or path.stat().st_size > limits.result_mb * 2**20:
             return None
-        return torch.load(path, weights_only=True)[0]
+        return torch.load(path, weights_only=True)
     except Exception:  # noqa: BLE001 (whatever student code did to the file, it is no result)
         return None
 

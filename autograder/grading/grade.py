@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import ast
 import copy
-import functools
 import hashlib
 import json
 import secrets
@@ -25,13 +24,13 @@ from pathlib import Path
 import nbformat
 
 from autograder.grading import delegation
-from autograder.grading.execute import Run, is_test_cell, run_notebook
-from autograder.grading.judge import Verdict, judge
+from autograder.grading.execute import Run, run_notebook
+from autograder.grading.judge import Verdict, verdict
 from autograder.grading.limits import Limits
 from autograder.grading.prepare import PreparedTest, prepare
 from autograder.grading.sandbox import KernelEnd, Sandbox, Unsandboxed
 from autograder.grading.spec import ChapterTests, graded_chapters, load_chapter_tests
-from autograder.paths import release_notebook
+from autograder.grading.student_code import StudentCode, demo_sources, is_test_cell
 
 
 def _defined_names(nb) -> set[str]:
@@ -47,12 +46,6 @@ def _defined_names(nb) -> set[str]:
             n.name for n in tree.body if isinstance(n, ast.FunctionDef | ast.ClassDef)
         }
     return names
-
-
-# CPython 3.11's ast.parse is not thread-safe ("SystemError: AST constructor recursion
-# depth mismatch" when two threads parse at once): the workers of a batch take turns to
-# read code.
-_READING_CODE = threading.Lock()
 
 
 def _fingerprint(nb) -> tuple[set, set[str]]:
@@ -194,7 +187,7 @@ def _grade_notebook(path, assignment, seed, limits, sandbox, retry, batch) -> di
     tests = _set_assignment(result, assignment) if assignment else None
     try:
         nb = nbformat.read(path, as_version=4)
-        with _READING_CODE:
+        with delegation.READING_CODE:
             fingerprint = _fingerprint(nb)
     except (
         SystemError,
@@ -303,62 +296,14 @@ def _not_graded(result: dict, why: str, fault: str | None = None) -> dict:
     return result
 
 
-@functools.cache
-def _given_cells(chapter: str) -> tuple[tuple[str, bool], ...]:
-    """The released notebook's code cells other than the exercises (the course's own),
-    as (source, tagged ``demo``): read once per process, not once per notebook."""
-    try:
-        release = nbformat.read(release_notebook(chapter), as_version=4)
-    except OSError:
-        return ()
-    return tuple(
-        (c.source, "demo" in c.get("metadata", {}).get("tags", []))
-        for c in release.cells
-        if c.cell_type == "code"
-        and not c.get("metadata", {}).get("nbgrader", {}).get("solution", False)
-    )
-
-
-def _demo_sources(tests: ChapterTests) -> frozenset[str]:
-    """Given cells tagged ``demo`` (training runs, benchmarks, figures): not needed to
-    grade, so skipped while unchanged. A chapter's demo cells define nothing the
-    exercises need."""
-    return frozenset(source for source, demo in _given_cells(tests.chapter) if demo)
-
-
-def _student_sources(nb, tests: ChapterTests) -> list[str]:
-    """The student's own code: every code cell that runs (test cells never do) except
-    the course's unchanged ones."""
-    given = {source for source, _ in _given_cells(tests.chapter)}
-    return [
-        c.source
-        for c in nb.cells
-        if c.get("cell_type") == "code"
-        and not is_test_cell(c)
-        and c.source not in given
-    ]
-
-
-def _refuse_delegation(verdicts: list[Verdict], nb, tests: ChapterTests) -> None:
-    """A test whose exercise reaches a forbidden PyTorch feature in its code, or whose
-    code works around the run-time watch, earns nothing, and says why."""
-    sources = _student_sources(nb, tests)
-    given = [source for source, _ in _given_cells(tests.chapter)]
-    for i, v in enumerate(verdicts):
-        test = tests.test(v.test_id)
-        refusal = delegation.refusal(
-            sources, test.exercise, test.forbidden, given, v.passed
-        )
-        if refusal:
-            verdicts[i] = Verdict(v.test_id, v.points, False, refusal)
-
-
 def _grade(
     nb, tests: ChapterTests, seed: int, limits: Limits, sandbox, batch: Batch
 ) -> tuple[list[Verdict], Run, KernelEnd]:
     prepared = batch.prepared(tests, seed)
     with sandbox.kernel() as (km, workdir):
-        got, run = run_notebook(nb, prepared, km, workdir, limits, _demo_sources(tests))
+        got, run = run_notebook(
+            nb, prepared, km, workdir, limits, demo_sources(tests.chapter)
+        )
         end = sandbox.end(km, workdir)
     batch.record_start(run.start_failed)
     if run.start_failed:
@@ -373,12 +318,10 @@ def _grade(
             "out-of-memory killer or an administrator)"
         )
     reason = _missing_reason(run, end)
+    code = StudentCode.of_notebook(nb, tests.chapter)
     verdicts = [
-        judge(tests, p.test, p.cases, p.plans, p.expected, g, reason)
-        for p, g in zip(prepared, got, strict=True)
+        verdict(tests, p, g, code, reason) for p, g in zip(prepared, got, strict=True)
     ]
-    with _READING_CODE:
-        _refuse_delegation(verdicts, nb, tests)
     return verdicts, run, end
 
 

@@ -1,9 +1,11 @@
 """Verdicts: the student's raw outputs against the reference's, with feedback that teaches.
 
-Runs only in the grader's own process, on plain data (see ``probe.py``); nothing here
-executes student code. Messages describe what differs (type, shape, dtype, NaN, error
-size) and name a known mistake when the student's outputs match one, but never show the
-hidden inputs or the expected values.
+:func:`verdict` is the one place a verdict is made, by the grader and by the tests of the
+tests alike: it applies every rule to one prepared test, the outcomes the student's code
+returned and the student's code as text. Runs only in the grader's own process, on plain
+data (see ``probe.py``); nothing here executes student code. Messages describe what
+differs (type, shape, dtype, NaN, error size) and name a known mistake when the student's
+outputs match one, but never show the hidden inputs or the expected values.
 """
 
 from __future__ import annotations
@@ -14,7 +16,10 @@ from dataclasses import dataclass
 import torch
 
 from autograder.grading import delegation, probe
-from autograder.grading.spec import Case, ChapterTests, HiddenTest
+from autograder.grading.prepare import PreparedTest
+from autograder.grading.probe import Outcome
+from autograder.grading.spec import ChapterTests, HiddenTest
+from autograder.grading.student_code import StudentCode
 from autograder.grading.tolerances import LEVELS, Tolerance
 from autograder.paths import load_course_utils
 
@@ -110,37 +115,62 @@ def _matches(expected: dict, got: dict, test: HiddenTest, tol: Tolerance) -> boo
     )
 
 
-def judge(
+NO_RESULT = "no result: the notebook did not reach this test"
+
+
+def verdict(
     tests: ChapterTests,
-    test: HiddenTest,
-    cases: list[Case],
-    plans: list[dict],
-    expected: list[dict],
-    got: list[dict] | None,
-    missing_reason: str = "no result: the notebook did not reach this test",
+    prepared: PreparedTest,
+    got: list[Outcome] | None,
+    code: StudentCode,
+    missing_reason: str = NO_RESULT,
 ) -> Verdict:
-    """Compare one test's outputs case by case and explain the first failure."""
-    tol = LEVELS[test.level]
-    if got is None or len(got) != len(cases):
-        return Verdict(test.id, test.points, False, missing_reason)
+    """The verdict on one hidden test, by every rule: what the watch saw while the
+    student's code ran (a forbidden feature, the watch tampered with), the outputs case
+    by case, and what the student's code shows when read (a forbidden feature on the
+    exercise's call path, a way around the watch). When both the reading and the watch
+    refuse the test, the message gives both."""
+    test = prepared.test
+    seen = None
+    if got is None or len(got) != len(prepared.cases):
+        found = Verdict(test.id, test.points, False, missing_reason)
+    else:
+        seen = _seen_while_running(test, got)
+        found = (
+            Verdict(test.id, test.points, False, seen)
+            if seen
+            else _compare_outputs(tests, prepared, got)
+        )
+    with delegation.READING_CODE:
+        read = delegation.refusal(
+            code.cells, test.exercise, test.forbidden, code.given, found.passed
+        )
+    if read:
+        return Verdict(
+            test.id, test.points, False, " ".join(filter(None, (read, seen)))
+        )
+    return found
+
+
+def _seen_while_running(test: HiddenTest, got: list[Outcome]) -> str | None:
+    """Why the run-time watch refuses the test (tampering, a forbidden feature); or None."""
     used = [name for g in got for name in g.get("used", [])]
     tampering = delegation.tampering_in(used) if test.forbidden else []
     if tampering:
-        return Verdict(
-            test.id,
-            test.points,
-            False,
-            delegation.tamper_message(test.exercise, tampering),
-        )
+        return delegation.tamper_message(test.exercise, tampering)
     delegated = delegation.features_in(used, test.forbidden)
     if delegated:
         where = "seen while it ran on the hidden inputs"
-        return Verdict(
-            test.id,
-            test.points,
-            False,
-            delegation.message(test.exercise, delegated, where),
-        )
+        return delegation.message(test.exercise, delegated, where)
+    return None
+
+
+def _compare_outputs(
+    tests: ChapterTests, prepared: PreparedTest, got: list[Outcome]
+) -> Verdict:
+    """The outputs against the reference's, case by case: the first failure explained."""
+    test, cases, expected = prepared.test, prepared.cases, prepared.expected
+    tol = LEVELS[test.level]
     for i, (c, e, g) in enumerate(zip(cases, expected, got, strict=True)):
         problem = _outcome_problem(test, e, g, tol)
         if problem:
@@ -148,22 +178,24 @@ def judge(
                 f" ({c.label})" if c.label else ""
             )
             message = f"`{test.exercise}` {where}: {problem}."
-            hint = _recognise_mistake(tests, test, plans, expected, got, tol)
+            hint = _recognise_mistake(tests, prepared, got, tol)
             return Verdict(
                 test.id, test.points, False, message + (f" {hint}" if hint else "")
             )
     return Verdict(test.id, test.points, True, f"passed: {test.description}")
 
 
-def _recognise_mistake(tests, test, plans, expected, got, tol) -> str | None:
+def _recognise_mistake(
+    tests: ChapterTests, prepared: PreparedTest, got: list[Outcome], tol: Tolerance
+) -> str | None:
     """Name a known mistake whose outputs equal the student's wherever it differs from the reference."""
+    test, expected = prepared.test, prepared.expected
     # the reference's namespace, for the notebook functions a plan passes as arguments
     reference = vars(tests.reference())
     for mistake in tests.mistakes_for(test.exercise):
-        wrong = probe.run(
-            {**reference, test.exercise: mistake.impl},
-            [{"exercise": test.exercise, "calls": plans}],
-        )[0]
+        wrong = probe.run_test(
+            {**reference, test.exercise: mistake.impl}, prepared.unwatched_plan()
+        )
         telling = [
             i
             for i, w in enumerate(wrong)

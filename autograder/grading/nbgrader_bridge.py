@@ -41,7 +41,7 @@ from nbgrader.api import Gradebook, MissingEntry
 from nbgrader.preprocessors import NbGraderPreprocessor
 from traitlets import Integer
 
-from autograder.grading.execute import is_test_cell
+from autograder.grading.student_code import is_test_cell
 
 _SANDBOX = None
 _LOCK = threading.Lock()
@@ -183,17 +183,22 @@ class SandboxedExecute(NbGraderPreprocessor):
 def run_hidden_test(
     chapter: str, test_id: str, namespace: dict, seed: int | None = None
 ) -> None:
-    from autograder.grading.judge import judge
+    """One hidden test judged inside the student's kernel, student code and check in one
+    process, as plain nbgrader would run a test cell: the benchmark's baseline. The
+    verdict is the grader's own; the code it reads is the kernel's input history."""
+    from autograder.grading.judge import verdict
     from autograder.grading.prepare import prepare
-    from autograder.grading.probe import run
+    from autograder.grading.probe import run_test
     from autograder.grading.spec import load_chapter_tests
+    from autograder.grading.student_code import StudentCode, given_sources
 
     tests = load_chapter_tests(chapter)
-    test = tests.test(test_id)
     seed = secrets.randbits(32) if seed is None else seed
-    (p,) = prepare(tests, [test], seed)
-    got = run(namespace, [p.probe_plan])[0]
-    verdict = judge(tests, test, p.cases, p.plans, p.expected, got)
-    if not verdict.passed:
-        raise AssertionError(verdict.message)
-    print(f"✓ {test_id}: {verdict.message}")
+    (p,) = prepare(tests, [tests.test(test_id)], seed)
+    code = StudentCode(
+        [s for s in namespace.get("In", []) if s], given_sources(chapter)
+    )
+    found = verdict(tests, p, run_test(namespace, p.test_plan), code)
+    if not found.passed:
+        raise AssertionError(found.message)
+    print(f"✓ {test_id}: {found.message}")

@@ -11,12 +11,13 @@ from __future__ import annotations
 import nbformat
 
 from autograder.grading.execute import run_notebook
-from autograder.grading.judge import judge
+from autograder.grading.judge import verdict
 from autograder.grading.limits import Limits
 from autograder.grading.prepare import prepare
 from autograder.grading.sandbox import SandboxUnavailable
 from autograder.grading.sandbox.diagnose import explain
 from autograder.grading.spec import load_chapter_tests
+from autograder.grading.student_code import StudentCode
 from autograder.paths import REPO
 
 CHAPTER, TEST = "03_self_attention", "causal_mask_values"
@@ -47,7 +48,7 @@ def prove(sandbox, limits: Limits | None = None) -> None:
         got, run = run_notebook(nb, prepared, km, workdir, limits)
         end = sandbox.end(km, workdir)
     (p,) = prepared
-    verdict = judge(tests, p.test, p.cases, p.plans, p.expected, got[0])
+    found = verdict(tests, p, got[0], StudentCode([CANARY]))
     problem = None
     if run.start_failed:
         problem = (
@@ -57,7 +58,7 @@ def prove(sandbox, limits: Limits | None = None) -> None:
         problem = f"the canary kernel died (signal {end.signal}, exit {end.exit_code})"
     elif run.errors:
         problem = f"the canary cell failed: {run.errors[0]}"
-    elif not verdict.passed:
-        problem = f"a right answer was judged wrong: {verdict.message}"
+    elif not found.passed:
+        problem = f"a right answer was judged wrong: {found.message}"
     if problem:
         raise SandboxUnavailable(explain(problem))

@@ -10,6 +10,7 @@ import torch
 
 from autograder.grading import probe
 from autograder.grading.delegation import watch_plan
+from autograder.grading.probe import CallPlan, Outcome, TestPlan
 from autograder.grading.spec import Case, ChapterTests, HiddenTest
 
 
@@ -17,15 +18,26 @@ from autograder.grading.spec import Case, ChapterTests, HiddenTest
 class PreparedTest:
     test: HiddenTest
     cases: list[Case]
-    plans: list[dict]  # plain data sent to the student's kernel: inputs only
-    expected: list[dict]  # the reference's outcomes, kept in the grader
+    calls: list[CallPlan]  # plain data sent to the student's kernel: inputs only
+    expected: list[Outcome]  # the reference's outcomes, kept in the grader
 
     @property
-    def probe_plan(self) -> dict:
+    def test_plan(self) -> TestPlan:
+        """What the student's kernel runs: the calls, watched for forbidden features."""
         return {
             "exercise": self.test.exercise,
-            "calls": self.plans,
+            "calls": self.calls,
             **watch_plan(self.test.forbidden),
+        }
+
+    def unwatched_plan(self, exercise: str | None = None) -> TestPlan:
+        """The same calls for the grader's own implementations (the reference, a known
+        mistake), which need no watch."""
+        return {
+            "exercise": exercise or self.test.exercise,
+            "calls": self.calls,
+            "watch": [],
+            "watch_modules": [],
         }
 
 
@@ -55,20 +67,19 @@ def prepare(
     for test in selected:
         g = generator(seed, test.id)
         cases = test.make_cases(g)
-        plans = []
+        calls = []
         for c in cases:
             state = None
             if c.init is not None and c.init.load_state:
                 module = reference[test.exercise](*c.init.args, **c.init.kwargs)
                 state = _randomised_state(module, g)
-            plans.append(c.to_plan(state))
-        expected = probe.run(reference, [{"exercise": test.exercise, "calls": plans}])[
-            0
-        ]
-        for outcome in expected:
+            calls.append(c.to_plan(state))
+        p = PreparedTest(test, cases, calls, [])
+        p.expected = probe.run_test(reference, p.unwatched_plan())
+        for outcome in p.expected:
             if "error" in outcome:
                 raise RuntimeError(
                     f"the reference fails hidden test {test.id}: {outcome['error']}"
                 )
-        prepared.append(PreparedTest(test, cases, plans, expected))
+        prepared.append(p)
     return prepared

@@ -3,14 +3,41 @@
 This file runs in two places: inside the student's kernel (the grader sends its source
 text, so it must need nothing but the standard library and torch), and in the grader
 itself, on the reference and on known mistakes. It judges nothing: it only calls and
-records. A plan is a list of calls; a result is, per call, either ``{"value": ...}`` with
-tensors, numbers, strings, lists and dicts only, or ``{"error": "..."}``.
+records. A :class:`TestPlan` (one hidden test) holds the :class:`CallPlan` of each of its
+calls; an outcome is, per call, either ``{"value": ...}`` with tensors, numbers, strings,
+lists and dicts only, or ``{"error": "..."}``, plus ``"used"``: the watched names it used.
 """
 
 import copy
 import functools
+from typing import Any, TypedDict
 
 import torch
+
+
+class CallPlan(TypedDict):
+    """One call of an exercise, as plain data (``spec.Case.to_plan``)."""
+
+    args: list  # positional arguments
+    kwargs: dict  # keyword arguments
+    init: list | None  # [args, kwargs] to build the module first; None for a function
+    state: dict | None  # the weights to load into that module
+    method: str | None  # the module's method to call; None: call the module itself
+    setup: list  # [method name, args] pairs called on the module before the call
+
+
+class TestPlan(TypedDict):
+    """One hidden test: the exercise, its calls, and what to watch while they run."""
+
+    exercise: str
+    calls: list[CallPlan]
+    watch: list[str]  # PyTorch function and operator names to record
+    watch_modules: list[
+        str
+    ]  # torch.nn layer classes to record when the module holds one
+
+
+Outcome = dict[str, Any]
 
 _MAX_MESSAGE = 400
 # PyTorch layers a plan may ask for as an argument (``{"torch.nn": name, ...}``), built
@@ -82,8 +109,9 @@ def _materialise(value, namespace):
     return value
 
 
-def call(namespace, exercise, plan, watch=None, test_plan=None):
-    """Make one planned call of ``namespace[exercise]``; returns the raw result."""
+def call(namespace, exercise, plan: CallPlan, watch=None, watch_modules=()):
+    """Make one planned call of ``namespace[exercise]``; returns the raw result. A
+    ``watch`` also notes the ``watch_modules`` layers the module holds."""
     target = namespace.get(exercise)
     if target is None:
         raise _Missing(
@@ -102,7 +130,7 @@ def call(namespace, exercise, plan, watch=None, test_plan=None):
         for name, setup_args in plan.get("setup") or []:
             getattr(module, name)(*_materialise(copy.deepcopy(setup_args), namespace))
         if watch is not None:
-            watch.modules(module, test_plan.get("watch_modules") or ())
+            watch.modules(module, watch_modules)
         module.eval()
         method = module if plan["method"] is None else getattr(module, plan["method"])
         return method(*args, **kwargs)
@@ -271,35 +299,32 @@ class _Watch:
                     self.used.add("torch.nn." + type(sub).__name__)
 
 
-def run(namespace, plans):
-    """Each plan: ``{"exercise": name, "calls": [call plans], "watch": [names],
-    "watch_modules": [torch.nn class names]}``; returns results in order. An outcome
-    records under ``"used"`` any watched function, operator or layer the call used."""
-    results = []
-    for plan in plans:
-        outcomes = []
-        for one in plan["calls"]:
-            watch = _Watch(plan.get("watch") or ())
-            try:
-                if watch.watched:
-                    with watch:
-                        value = call(namespace, plan["exercise"], one, watch, plan)
-                else:
-                    value = call(namespace, plan["exercise"], one)
-                outcome = {"value": _to_plain(value)}
-            except (
-                Exception,
-                SystemExit,
-            ) as exc:  # the student's error is data, not a crash
-                outcome = {"error": _describe(exc)}
-            if watch.used:
-                outcome["used"] = sorted(watch.used)
-            outcomes.append(outcome)
-        results.append(outcomes)
-    return results
+def run_test(namespace, plan: TestPlan) -> list[Outcome]:
+    """Every call of one hidden test, in order; the student's errors are outcomes."""
+    outcomes = []
+    for one in plan["calls"]:
+        watch = _Watch(plan["watch"])
+        try:
+            if watch.watched:
+                with watch:
+                    value = call(
+                        namespace, plan["exercise"], one, watch, plan["watch_modules"]
+                    )
+            else:
+                value = call(namespace, plan["exercise"], one)
+            outcome = {"value": _to_plain(value)}
+        except (
+            Exception,
+            SystemExit,
+        ) as exc:  # the student's error is data, not a crash
+            outcome = {"error": _describe(exc)}
+        if watch.used:
+            outcome["used"] = sorted(watch.used)
+        outcomes.append(outcome)
+    return outcomes
 
 
 def run_files(plan_path, result_path, namespace):
-    """The kernel-side entry point: read a plan written by the grader, write the results."""
-    plans = torch.load(plan_path, weights_only=True)
-    torch.save(run(namespace, plans), result_path)
+    """The kernel-side entry point: read a test plan the grader wrote, write its outcomes."""
+    plan = torch.load(plan_path, weights_only=True)
+    torch.save(run_test(namespace, plan), result_path)

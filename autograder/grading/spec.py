@@ -1,13 +1,13 @@
 """The vocabulary of hidden tests: a test calls one exercise on cases drawn at grading time.
 
-A chapter's hidden tests live in ``autograder/hidden_tests/<module>.py`` as two lists:
+A chapter's hidden tests and known mistakes live in two modules named like its solutions:
 
-- ``TESTS``: :class:`HiddenTest` objects. Each makes its cases from a seeded
-  ``torch.Generator``; the student's outputs on those cases are compared with the
-  reference's (``solutions/<module>.py``) at the test's tolerance level.
-- ``MISTAKES``: :class:`Mistake` objects, plausible wrong answers. When a student's output
-  matches one, the feedback names it; the project's own tests check that every hidden test
-  fails on them (tests of the tests).
+- ``autograder/hidden_tests/<module>.py``, ``TESTS``: :class:`HiddenTest` objects. Each
+  makes its cases from a seeded ``torch.Generator``; the student's outputs on those cases
+  are compared with the reference's (``solutions/<module>.py``) at the test's tolerance.
+- ``autograder/known_mistakes/<module>.py``, ``MISTAKES``: :class:`Mistake` objects,
+  plausible wrong answers. When a student's output matches one, the feedback names it; the
+  project's own tests check that every hidden test fails on them (tests of the tests).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from types import ModuleType
 from typing import Any
 
 from autograder.grading.delegation import FEATURES
+from autograder.grading.probe import CallPlan
 from autograder.grading.tolerances import LEVELS
 from autograder.paths import chapter_ids, module_name
 
@@ -48,7 +49,7 @@ class Case:
     # [("load_torch_weights", (torch_layer("MultiheadAttention", ...),))]
     setup: list[tuple[str, tuple]] = field(default_factory=list)
 
-    def to_plan(self, state: dict | None) -> dict:
+    def to_plan(self, state: dict | None) -> CallPlan:
         """The plain data a probe needs to make this call (tensors, numbers, strings)."""
         init = (
             None
@@ -174,10 +175,12 @@ def graded_chapters() -> list[str]:
 
 
 def load_chapter_tests(chapter: str) -> ChapterTests:
-    module = importlib.import_module(f"autograder.hidden_tests.{module_name(chapter)}")
-    tests = ChapterTests(
-        chapter, list(module.TESTS), list(getattr(module, "MISTAKES", []))
-    )
+    name = module_name(chapter)
+    module = importlib.import_module(f"autograder.hidden_tests.{name}")
+    mistakes = []
+    if importlib.util.find_spec(f"autograder.known_mistakes.{name}"):
+        mistakes = importlib.import_module(f"autograder.known_mistakes.{name}").MISTAKES
+    tests = ChapterTests(chapter, list(module.TESTS), list(mistakes))
     ids = [t.id for t in tests.tests]
     if len(set(ids)) != len(ids):
         raise ValueError(f"{chapter}: duplicate hidden test ids in {ids}")

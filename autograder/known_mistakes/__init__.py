@@ -1,0 +1,1 @@
+"""One module per chapter: the known mistakes (``MISTAKES``) of its exercises."""

@@ -1,0 +1,107 @@
+"""Notebooks for the tests and benchmarks: the derived notebooks, student notebooks
+answered right or wrong, and running or grading them."""
+
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import nbformat
+from nbclient import NotebookClient
+
+from autograder import paths
+from autograder.build.solution_cells import BEGIN, END
+from autograder.grading.spec import graded_chapters
+
+CHAPTERS = graded_chapters()
+
+
+def _is_solution(cell) -> bool:
+    return cell.get("metadata", {}).get("nbgrader", {}).get("solution", False)
+
+
+def release_notebook(chapter: str):
+    return nbformat.read(paths.release_notebook(chapter), as_version=4)
+
+
+def source_notebook(chapter: str):
+    return nbformat.read(paths.nbgrader_source(chapter), as_version=4)
+
+
+def answers(chapter: str) -> dict[str, str]:
+    """The reference answer of every exercise cell, by grade id, without nbgrader's markers."""
+    return {
+        cell.metadata.nbgrader.grade_id: "\n".join(
+            line
+            for line in cell.source.splitlines()
+            if line.strip() not in (BEGIN, END)
+        )
+        for cell in source_notebook(chapter).cells
+        if _is_solution(cell)
+    }
+
+
+def student_notebook(chapter: str, edit: Callable[[str], str] | None = None):
+    """The released notebook as a student who copied the reference would submit it;
+    ``edit`` changes each answer (to make a plausible wrong one)."""
+    nb = release_notebook(chapter)
+    filled = answers(chapter)
+    for cell in nb.cells:
+        if _is_solution(cell):
+            cell.source = filled[cell.metadata.nbgrader.grade_id]
+            if edit is not None:
+                cell.source = edit(cell.source)
+    return nb
+
+
+def write(nb, path: Path) -> Path:
+    nbformat.write(nb, path)
+    return path
+
+
+def grade_cli(*args, timeout=600):
+    """``python -m autograder grade ARGS...``, run as an instructor would."""
+    return subprocess.run(
+        [sys.executable, "-m", "autograder", "grade", *map(str, args)],
+        cwd=paths.REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def with_extra_cell(nb, source, after_grade_id):
+    """``nb`` with a code cell of ``source`` inserted after the cell ``after_grade_id``."""
+    for i, cell in enumerate(nb.cells):
+        if (
+            cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+            == after_grade_id
+        ):
+            nb.cells.insert(i + 1, nbformat.v4.new_code_cell(source))
+            return nb
+    raise AssertionError(after_grade_id)
+
+
+def scores_by_test(result):
+    """A grading result's score by test id."""
+    return {t["id"]: t["score"] for t in result["tests"]}
+
+
+def run_cells(sandbox, *sources):
+    """Run cells in a fresh jailed kernel; returns each cell's printed text or error."""
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(s) for s in sources])
+    with sandbox.kernel() as (km, workdir):
+        client = NotebookClient(
+            nb, km=km, allow_errors=True, timeout=60,
+            resources={"metadata": {"path": str(workdir)}},
+        )  # fmt: skip
+        client.execute()
+    texts = []
+    for cell in client.nb.cells:
+        texts.append(
+            "".join(
+                o.get("text", "") or f"{o.get('ename')}: {o.get('evalue')}"
+                for o in cell.outputs
+            )
+        )
+    return texts
