@@ -238,24 +238,28 @@ def static_uses(
     (the student's code cells), following the names it uses to their definitions."""
     trees = [t for t in map(_parse, sources) if t is not None]
     bound = _top_level_bindings(trees)
-    seen, todo, found = set(), [exercise], set()
+    found = set()
+    for node in _reached(bound, [exercise]):
+        names, words = _words(node)
+        # a name bound by the student's code is followed to its definition (the chapter 3
+        # exercise *is* called scaled_dot_product_attention); any other bare name (a star
+        # import, a builtin) is taken at its word
+        found |= words | {n for n in names if n not in bound}
+    return [f for f in forbidden if found & set(FEATURES[f].names)]
+
+
+def _reached(bound: dict[str, list[ast.AST]], names) -> Iterator[ast.AST]:
+    """Each top-level definition bound to one of ``names``, and, in turn, those bound to
+    the names they use (each once)."""
+    seen, todo = set(), list(names)
     while todo:
         name = todo.pop()
         if name in seen:
             continue
         seen.add(name)
         for node in bound.get(name, []):
-            names, words = _words(node)
-            found |= words
-            for n in names:
-                # a name bound by the student's code is followed to its definition (the
-                # chapter 3 exercise *is* called scaled_dot_product_attention); any other
-                # bare name (a star import, a builtin) is taken at its word
-                if n in bound:
-                    todo.append(n)
-                else:
-                    found.add(n)
-    return [f for f in forbidden if found & set(FEATURES[f].names)]
+            yield node
+            todo.extend(n for n in _words(node)[0] if n in bound)
 
 
 # Code that switches the run-time watch off or hides what it calls from it. Words are
@@ -663,38 +667,24 @@ def static_tampering(
     namespace. ``given`` are the course's cells, whose names are not injected."""
     trees = [t for t in map(_parse, sources) if t is not None]
     bound = _top_level_bindings(trees)
-    found, reached, todo = set(), set(), []
+    found, called = set(), []
     for root in (r for tree in trees for r in _runs_at_top_level(tree)):
         found |= _tampering(root, top_level=True)
-        todo.extend(_words(root)[0])
+        called.extend(_words(root)[0])
     # and what top-level code calls: ``def patch(): ...`` then ``patch()``
-    while todo:
-        name = todo.pop()
-        if name in reached:
-            continue
-        reached.add(name)
-        for node in bound.get(name, []):
-            found |= _tampering(node, top_level=True)
-            todo.extend(n for n in _words(node)[0] if n in bound)
+    for node in _reached(bound, called):
+        found |= _tampering(node, top_level=True)
     defined: set[str] | None = set()
     for source in [*sources, *given]:
         names = _cell_bindings(source)
         defined = None if names is None or defined is None else defined | names
-    seen, todo = set(), [exercise]
-    while todo:
-        name = todo.pop()
-        if name in seen:
-            continue
-        seen.add(name)
-        for node in bound.get(name, []):
-            found |= _tampering(node)
-            names, _ = _words(node)
-            todo.extend(n for n in names if n in bound)
-            if defined is not None:
-                used = _names_outside_raise(node)  # a misspelt exception is a bug
-                for n in sorted(_global_references(node) & used):
-                    if n not in defined and not _is_provided(n):
-                        found.add(f"uses `{n}`, {UNDEFINED}")
+    for node in _reached(bound, [exercise]):
+        found |= _tampering(node)
+        if defined is not None:
+            used = _names_outside_raise(node)  # a misspelt exception is a bug
+            for n in sorted(_global_references(node) & used):
+                if n not in defined and not _is_provided(n):
+                    found.add(f"uses `{n}`, {UNDEFINED}")
     return sorted(found)
 
 

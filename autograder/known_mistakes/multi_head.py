@@ -8,27 +8,8 @@ import torch
 import torch.nn.functional as F
 
 from autograder.grading.spec import Mistake
+from autograder.known_mistakes._attention import wrong_attention
 from solutions import multi_head as ref
-
-
-def _wrong_attention(*, scale=True, softmax_dim=-1, invert_mask=False, fill=None):
-    """attention with one deliberate slip; ``fill``: the value put in masked scores by a
-    version that does not zero the masked weights afterwards."""
-
-    def attention(q, k, v, mask=None):
-        scores = q @ k.transpose(-2, -1)
-        if scale:
-            scores = scores / math.sqrt(q.size(-1))
-        if mask is not None:
-            mask = ~mask if invert_mask else mask
-            value = torch.finfo(scores.dtype).min if fill is None else fill
-            scores = scores.masked_fill(~mask, value)
-        weights = torch.softmax(scores, dim=softmax_dim)
-        if mask is not None and fill is None:
-            weights = weights.masked_fill(~mask, 0.0)
-        return weights @ v, weights
-
-    return attention
 
 
 def _split_no_transpose(x, num_heads):
@@ -107,7 +88,7 @@ class _ScaledByDModel(_MHA):
 
 
 class _SoftmaxOverQueries(_MHA):
-    attention = staticmethod(_wrong_attention(softmax_dim=-2))
+    attention = staticmethod(wrong_attention(softmax_dim=-2))
 
 
 class _InvertedMask(_MHA):
@@ -168,28 +149,28 @@ MISTAKES = [
         "attention",
         "unscaled",
         "your scores look unscaled: did you divide q k^T by sqrt(d_k), the width of one head?",
-        _wrong_attention(scale=False),
+        wrong_attention(scale="none"),
     ),
     Mistake(
         "attention",
         "softmax over queries",
         "your weights look normalised over the queries: take the softmax over the last "
         "dimension (the keys), so that each query's row sums to 1.",
-        _wrong_attention(softmax_dim=-2),
+        wrong_attention(softmax_dim=-2),
     ),
     Mistake(
         "attention",
         "inverted mask",
         "your mask looks inverted: True means the query MAY attend to that key; hide the "
         "positions where the mask is False.",
-        _wrong_attention(invert_mask=True),
+        wrong_attention(invert_mask=True),
     ),
     Mistake(
         "attention",
         "-inf fill",
         "a fully masked row comes out as NaN: filling with -inf makes its softmax 0/0; give "
         "rows that may attend to nothing zero weights.",
-        _wrong_attention(fill=float("-inf")),
+        wrong_attention(fill=float("-inf")),
     ),
     Mistake(
         "split_heads",

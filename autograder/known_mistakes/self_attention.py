@@ -2,36 +2,11 @@
 their exercise must fail, each with the hint the feedback gives when a student's outputs
 match it."""
 
-import math
-
 import torch
 
 from autograder.grading.spec import Mistake
+from autograder.known_mistakes._attention import wrong_attention
 from solutions import self_attention as ref
-
-
-def _wrong_sdpa(
-    *, scale="sqrt", softmax_dim=-1, invert_mask=False, transpose=False, fill=None
-):
-    """scaled_dot_product_attention with one deliberate slip. ``fill``: the value put in
-    masked scores by a version that does not zero fully masked rows afterwards."""
-
-    def sdpa(q, k, v, mask=None):
-        d_k = q.size(-1)
-        scores = q @ k.transpose(-2, -1)
-        if transpose:
-            scores = scores.transpose(-2, -1)
-        scores = scores / {"sqrt": math.sqrt(d_k), "none": 1.0, "d_k": d_k}[scale]
-        if mask is not None:
-            mask = ~mask if invert_mask else mask
-            value = torch.finfo(scores.dtype).min if fill is None else fill
-            scores = scores.masked_fill(~mask, value)
-        weights = torch.softmax(scores, dim=softmax_dim)
-        if mask is not None and fill is None:
-            weights = weights.masked_fill(~mask, 0.0)
-        return weights @ v, weights
-
-    return sdpa
 
 
 def _causal_upper(n, device=None):
@@ -60,17 +35,19 @@ def _padding_inverted(lengths, n):
 
 class _SelfAttentionUnscaled(ref.SelfAttention):
     def forward(self, x, mask=None):
-        return _wrong_sdpa(scale="none")(self.W_q(x), self.W_k(x), self.W_v(x), mask)
+        return wrong_attention(scale="none")(
+            self.W_q(x), self.W_k(x), self.W_v(x), mask
+        )
 
 
 class _SelfAttentionSwappedQK(ref.SelfAttention):
     def forward(self, x, mask=None):
-        return _wrong_sdpa()(self.W_k(x), self.W_q(x), self.W_v(x), mask)
+        return wrong_attention()(self.W_k(x), self.W_q(x), self.W_v(x), mask)
 
 
 class _SelfAttentionIgnoresMask(ref.SelfAttention):
     def forward(self, x, mask=None):
-        return _wrong_sdpa()(self.W_q(x), self.W_k(x), self.W_v(x))
+        return wrong_attention()(self.W_q(x), self.W_k(x), self.W_v(x))
 
 
 SDPA = "scaled_dot_product_attention"
@@ -79,45 +56,45 @@ MISTAKES = [
         SDPA,
         "unscaled",
         "your scores look unscaled: did you divide q k^T by sqrt(d_k)?",
-        _wrong_sdpa(scale="none"),
+        wrong_attention(scale="none"),
     ),
     Mistake(
         SDPA,
         "scaled by d_k",
         "your scores look divided by d_k: the scale is 1/sqrt(d_k), not 1/d_k.",
-        _wrong_sdpa(scale="d_k"),
+        wrong_attention(scale="d_k"),
     ),
     Mistake(
         SDPA,
         "softmax over queries",
         "your weights look normalised over the queries: take the softmax over the last dimension (the keys), so each query's row sums to 1.",
-        _wrong_sdpa(softmax_dim=-2),
+        wrong_attention(softmax_dim=-2),
     ),
     Mistake(
         SDPA,
         "transposed scores",
         "your scores look transposed (k q^T instead of q k^T): row i must hold query i's scores against every key.",
-        _wrong_sdpa(transpose=True),
+        wrong_attention(transpose=True),
     ),
     Mistake(
         SDPA,
         "inverted mask",
         "your mask looks inverted: True means the query MAY attend to that key; hide the positions where the mask is False.",
-        _wrong_sdpa(invert_mask=True),
+        wrong_attention(invert_mask=True),
     ),
     Mistake(
         SDPA,
         "-inf fill",
         "fully masked rows come out as NaN: filling with -inf makes the softmax divide 0 by "
         "0; zero the weights of rows that may attend to nothing.",
-        _wrong_sdpa(fill=float("-inf")),
+        wrong_attention(fill=float("-inf")),
     ),
     Mistake(
         SDPA,
         "-1e9 fill",
         "fully masked rows get uniform weights instead of zeros: with a finite fill (like "
         "-1e9) their softmax is uniform; zero the weights of masked positions afterwards.",
-        _wrong_sdpa(fill=-1e9),
+        wrong_attention(fill=-1e9),
     ),
     Mistake(
         "causal_mask",
