@@ -209,6 +209,16 @@ def _decoder_layer(
     return Wrong
 
 
+def _final_norm(stack, x, final_norm):
+    """The stack's last norm as the slip has it: ``"pre"`` the right one (the stack's own,
+    if any), ``"always"`` a plain layer norm even where there is none, else none."""
+    if final_norm == "always":
+        return nn.functional.layer_norm(x, x.shape[-1:])
+    if final_norm == "pre" and stack.norm is not None:
+        return stack.norm(x)
+    return x
+
+
 def _encoder(*, final_norm="pre", use_mask=True, reverse=False, first_only=False):
     class Wrong(ref.Encoder):
         def forward(self, x, mask=None):
@@ -219,11 +229,7 @@ def _encoder(*, final_norm="pre", use_mask=True, reverse=False, first_only=False
                 layers = [layers[0]] * len(layers)
             for layer in layers:
                 x = layer(x, mask if use_mask else None)
-            if final_norm == "always":
-                return nn.functional.layer_norm(x, x.shape[-1:])
-            if final_norm == "pre" and self.norm is not None:
-                return self.norm(x)
-            return x
+            return _final_norm(self, x, final_norm)
 
     return Wrong
 
@@ -241,11 +247,7 @@ def _decoder(
                     tgt_mask if use_tgt_mask else None,
                     memory_mask if use_memory_mask else None,
                 )
-            if final_norm == "always":
-                return nn.functional.layer_norm(x, x.shape[-1:])
-            if final_norm == "pre" and self.norm is not None:
-                return self.norm(x)
-            return x
+            return _final_norm(self, x, final_norm)
 
     return Wrong
 
