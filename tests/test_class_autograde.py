@@ -194,3 +194,21 @@ def test_a_refused_jail_records_nothing_in_the_gradebook(tmp_path, command):
     assert not (root / "autograded").exists()
     with Gradebook(f"sqlite:///{root / 'gradebook.db'}", COURSE_ID) as gb:
         assert gb.find_assignment(CHAPTER).submissions == []
+
+
+def test_a_course_root_that_cannot_load_the_grader_records_nothing(tmp_path):
+    """nbgrader logs a config file that fails and goes on with its own defaults, which
+    would run every submission unjailed and record its score: ours stops nbgrader
+    instead (exit 3), before anything is graded. Here the course root lies outside the
+    repository and nothing puts the grader on the path."""
+    root = _course(tmp_path / "course")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    run = subprocess.run(
+        [sys.executable, "-m", "nbgrader", "autograde", CHAPTER],
+        cwd=root, capture_output=True, text=True, timeout=600, env=env,
+    )  # fmt: skip
+    assert run.returncode == 3, run.stderr[-3000:]
+    assert "cannot load the course's grader" in run.stderr
+    assert not (root / "autograded").exists()
+    with Gradebook(f"sqlite:///{root / 'gradebook.db'}", COURSE_ID) as gb:
+        assert gb.find_assignment(CHAPTER).submissions == []

@@ -35,13 +35,26 @@ c.CourseDirectory.root = str(course_root)
 c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE\nraise NotImplementedError()"}
 c.ClearSolutions.enforce_metadata = True
 # Student code runs in the grading sandbox, never beside the course files: our grader
-# takes the place of nbgrader's Execute step (see autograder/nbgrader_bridge.py).
+# takes the place of nbgrader's Execute step (see autograder/grading/nbgrader_bridge.py).
 sys.path.insert(0, str(repo))
-from autograder.nbgrader_bridge import (  # noqa: E402
-    COURSE_ID,
-    SandboxedExecute,
-    prove_sandbox,
-)
+try:
+    from autograder.grading.nbgrader_bridge import (
+        COURSE_ID,
+        SandboxedExecute,
+        prove_sandbox,
+    )
+except Exception as exc:  # noqa: BLE001
+    # nbgrader logs a config file's errors and goes on with its defaults, which would run
+    # every submission unjailed beside the course files and record what it scores.
+    # SystemExit is not caught: nbgrader stops here, before anything is graded.
+    print(
+        f"[autograder] cannot load the course's grader from {repo} ({exc!r}); "
+        "nothing was graded. Run nbgrader from autograder/course/ in the course "
+        "repository, or put the repository on PYTHONPATH.",
+        file=sys.stderr,
+        flush=True,
+    )
+    raise SystemExit(3) from None
 
 c.CourseDirectory.course_id = COURSE_ID
 
