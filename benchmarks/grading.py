@@ -24,6 +24,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from autograder.grading.grade import grade_many  # noqa: E402
+from autograder.paths import COURSE_ROOT  # noqa: E402
 from tests.notebooks import release_notebook, student_notebook, write  # noqa: E402
 
 CHAPTER = "03_self_attention"
@@ -88,9 +89,7 @@ def plain_nbgrader(paths: list[Path]) -> float:
         (root / "nbgrader_config.py").write_text(
             PLAIN_CONFIG.format(root=str(root), repo=str(REPO))
         )
-        shutil.copytree(
-            REPO / "autograder" / "source" / CHAPTER, root / "source" / CHAPTER
-        )
+        shutil.copytree(COURSE_ROOT / "source" / CHAPTER, root / "source" / CHAPTER)
         nbgrader = [sys.executable, "-m", "nbgrader"]
         subprocess.run(
             [*nbgrader, "generate_assignment", CHAPTER, "--force"],
