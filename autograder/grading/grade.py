@@ -3,9 +3,9 @@
 For each notebook: read it (a broken file is a result, not a crash), recognise its chapter,
 draw the hidden tests' inputs, execute the student's code cells in a fresh kernel with time
 limits, then run one probe cell per hidden test that calls the student's functions and saves
-their raw outputs. The verdicts are computed here, in the grader's process, by comparing
-those outputs with the reference's (``judge.py``). Test cells in the submission are never
-trusted: editing or deleting them changes nothing.
+their raw outputs. The verdicts are made here, in the grader's process, by
+``judge.verdict`` from those outputs, the reference's and the student's code read as text.
+Test cells in the submission are never trusted: editing or deleting them changes nothing.
 """
 
 from __future__ import annotations
