@@ -1,6 +1,7 @@
 """Where things live in the repository, and how chapters are named."""
 
 import importlib.util
+import os
 import re
 from functools import cache
 from pathlib import Path
@@ -48,3 +49,11 @@ def load_course_utils():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def env_with_repo_on_path() -> dict[str, str]:
+    """This process's environment with the repository first on PYTHONPATH: what an
+    nbgrader subprocess needs to load the course's config (which imports the grader)
+    from any course root."""
+    extra = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), *extra])}

@@ -50,17 +50,28 @@ def code_of(namespace: dict, chapter: str) -> StudentCode:
     its module that it reads. What has no source (a builtin, a partial) adds nothing."""
     cells, done = [], set()
     for name, value in namespace.items():
-        source = _source(value)
-        if source is None:
+        written = _written_out(value, done)
+        if written is None:
             continue
-        module = sys.modules.get(getattr(value, "__module__", ""))
-        cells += _module_context(module, ast.parse(source), done)
-        if (value.__module__, value.__qualname__) not in done:
-            done.add((value.__module__, value.__qualname__))
-            cells.append(source)
+        cells += written
         if value.__name__ != name:
             cells.append(f"{name} = {value.__name__}")
     return StudentCode(cells, given_sources(chapter))
+
+
+def _written_out(value, done: set) -> list[str] | None:
+    """``value``'s definition as a notebook would hold it, after the statements of its
+    module that it reads; [] when ``done`` already holds it, None when it has no source
+    here. A definition is keyed by (module, name), however it was reached."""
+    source = _source(value)
+    if source is None:
+        return None
+    key = (value.__module__, value.__qualname__)
+    if key in done:
+        return []
+    done.add(key)
+    module = sys.modules.get(value.__module__)
+    return [*_module_context(module, ast.parse(source), done), source]
 
 
 def _source(value) -> str | None:
@@ -86,17 +97,13 @@ def _definition(value) -> str | None:
 
 
 @functools.cache
-def _top_level(module: ModuleType) -> dict[str, list[ast.stmt]]:
-    """A module's top-level statements by the names they bind."""
+def _top_level(module: ModuleType) -> dict[str, list[ast.AST]]:
+    """A module's top-level statements by the names they bind (as the grader reads them)."""
     try:
-        top = ast.parse(inspect.getsource(module)).body
+        tree = ast.parse(inspect.getsource(module))
     except (OSError, TypeError, SyntaxError):
         return {}
-    bound: dict[str, list[ast.stmt]] = {}
-    for node in top:
-        for name in _binds(node):
-            bound.setdefault(name, []).append(node)
-    return bound
+    return delegation._top_level_bindings([tree])
 
 
 def _module_context(module, tree: ast.AST, done: set) -> list[str]:
@@ -111,7 +118,8 @@ def _module_context(module, tree: ast.AST, done: set) -> list[str]:
             if not isinstance(sub, ast.Name):
                 continue
             for node in bound.get(sub.id, []):
-                key = (module.__name__, id(node))
+                named = isinstance(node, ast.FunctionDef | ast.ClassDef)
+                key = (module.__name__, node.name if named else id(node))
                 if key not in done:
                     done.add(key)
                     cells += _statement(node, done)
@@ -119,7 +127,7 @@ def _module_context(module, tree: ast.AST, done: set) -> list[str]:
     return cells
 
 
-def _statement(node: ast.stmt, done: set) -> list[str]:
+def _statement(node: ast.AST, done: set) -> list[str]:
     """A top-level statement as a notebook would hold it: a function or class imported
     from this repository is written out, as the student would have written it."""
     if not isinstance(node, ast.ImportFrom) or node.level or not node.module:
@@ -128,28 +136,16 @@ def _statement(node: ast.stmt, done: set) -> list[str]:
     kept, cells = [], []
     for alias in node.names:
         value = getattr(module, alias.name, None)
-        source = _source(value)
-        if source is None:
+        written = _written_out(value, done)
+        if written is None:
             kept.append(alias)
             continue
-        cells += _module_context(sys.modules[value.__module__], ast.parse(source), done)
-        cells.append(source)
+        cells += written
         if alias.asname and alias.asname != value.__name__:
             cells.append(f"{alias.asname} = {value.__name__}")
     if kept:
         cells.insert(0, ast.unparse(ast.ImportFrom(node.module, kept, 0)))
     return cells
-
-
-def _binds(node: ast.stmt) -> list[str]:
-    if isinstance(node, ast.FunctionDef | ast.ClassDef):
-        return [node.name]
-    if isinstance(node, ast.Import | ast.ImportFrom):
-        return [a.asname or a.name.split(".")[0] for a in node.names]
-    if isinstance(node, ast.Assign | ast.AnnAssign):
-        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-        return [n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)]
-    return []
 
 
 def _name(answer) -> str:

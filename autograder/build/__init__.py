@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import ast
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -238,12 +237,6 @@ def _write(nb, path: Path) -> None:
     nbformat.write(nb, path)
 
 
-def _python_path() -> list[str]:
-    """The repository first, then whatever PYTHONPATH already holds."""
-    extra = os.environ.get("PYTHONPATH", "")
-    return [str(paths.REPO), *(p for p in extra.split(os.pathsep) if p)]
-
-
 def generate_release(chapter: str, root: Path) -> None:
     """nbgrader's own generate_assignment, run in the course root ``root``."""
     result = subprocess.run(
@@ -259,8 +252,7 @@ def generate_release(chapter: str, root: Path) -> None:
         cwd=root,
         capture_output=True,
         text=True,
-        # the course's nbgrader_config.py imports the grader: found from any course root
-        env={**os.environ, "PYTHONPATH": os.pathsep.join(_python_path())},
+        env=paths.env_with_repo_on_path(),
     )
     if result.returncode != 0 or not paths.release_notebook(chapter, root).exists():
         raise BuildError(

@@ -21,7 +21,6 @@ them all into one gradebook.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -29,7 +28,7 @@ import zlib
 from pathlib import Path
 
 from autograder.grading.limits import Limits
-from autograder.paths import COURSE_ROOT, REPO
+from autograder.paths import COURSE_ROOT, env_with_repo_on_path
 
 
 def in_shard(student: str, shard: int, shards: int) -> bool:
@@ -137,7 +136,7 @@ def _nbgrader(root: Path, *args: str, env: dict | None = None) -> int:
     return subprocess.run(
         [sys.executable, "-m", "nbgrader", *args],
         cwd=root,
-        env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},
+        env={**env_with_repo_on_path(), **(env or {})},
     ).returncode
 
 

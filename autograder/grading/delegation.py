@@ -239,8 +239,7 @@ def static_uses(
     trees = [t for t in map(_parse, sources) if t is not None]
     bound = _top_level_bindings(trees)
     found = set()
-    for node in _reached(bound, [exercise]):
-        names, words = _words(node)
+    for _, (names, words) in _reached(bound, [exercise]):
         # a name bound by the student's code is followed to its definition (the chapter 3
         # exercise *is* called scaled_dot_product_attention); any other bare name (a star
         # import, a builtin) is taken at its word
@@ -248,9 +247,11 @@ def static_uses(
     return [f for f in forbidden if found & set(FEATURES[f].names)]
 
 
-def _reached(bound: dict[str, list[ast.AST]], names) -> Iterator[ast.AST]:
+def _reached(
+    bound: dict[str, list[ast.AST]], names
+) -> Iterator[tuple[ast.AST, tuple[set[str], set[str]]]]:
     """Each top-level definition bound to one of ``names``, and, in turn, those bound to
-    the names they use (each once)."""
+    the names they use (each once), with its ``_words``."""
     seen, todo = set(), list(names)
     while todo:
         name = todo.pop()
@@ -258,8 +259,9 @@ def _reached(bound: dict[str, list[ast.AST]], names) -> Iterator[ast.AST]:
             continue
         seen.add(name)
         for node in bound.get(name, []):
-            yield node
-            todo.extend(n for n in _words(node)[0] if n in bound)
+            words = _words(node)
+            yield node, words
+            todo.extend(n for n in words[0] if n in bound)
 
 
 # Code that switches the run-time watch off or hides what it calls from it. Words are
@@ -601,31 +603,28 @@ def _symbols(node: ast.AST, keep) -> set[str]:
     return names
 
 
-def _module_bindings(tree: ast.Module) -> set[str] | None:
+@functools.lru_cache(maxsize=4096)
+def _cell_bindings(source: str) -> frozenset[str] | None:
     """Every name a cell binds at top level (or declares global and assigns); None when it
-    star-imports (then what it binds is unknown)."""
+    star-imports (then what it binds is unknown), none when it cannot be read. Cached:
+    the course's given cells are read for every test."""
+    tree = _parse(source)
+    if tree is None:
+        return frozenset()
     if any(
         isinstance(n, ast.ImportFrom) and any(a.name == "*" for a in n.names)
         for n in ast.walk(tree)
     ):
         return None
-    return _symbols(
-        tree,
-        lambda s, top: (
-            (top and (s.is_assigned() or s.is_imported()))
-            or (s.is_declared_global() and s.is_assigned())
-        ),
+    return frozenset(
+        _symbols(
+            tree,
+            lambda s, top: (
+                (top and (s.is_assigned() or s.is_imported()))
+                or (s.is_declared_global() and s.is_assigned())
+            ),
+        )
     )
-
-
-@functools.lru_cache(maxsize=4096)
-def _cell_bindings(source: str) -> frozenset[str] | None:
-    """``_module_bindings`` of a cell's code (empty when it cannot be read), cached."""
-    tree = _parse(source)
-    if tree is None:
-        return frozenset()
-    names = _module_bindings(tree)
-    return None if names is None else frozenset(names)
 
 
 def _global_references(node: ast.AST) -> set[str]:
@@ -672,13 +671,13 @@ def static_tampering(
         found |= _tampering(root, top_level=True)
         called.extend(_words(root)[0])
     # and what top-level code calls: ``def patch(): ...`` then ``patch()``
-    for node in _reached(bound, called):
+    for node, _ in _reached(bound, called):
         found |= _tampering(node, top_level=True)
     defined: set[str] | None = set()
     for source in [*sources, *given]:
         names = _cell_bindings(source)
         defined = None if names is None or defined is None else defined | names
-    for node in _reached(bound, [exercise]):
+    for node, _ in _reached(bound, [exercise]):
         found |= _tampering(node)
         if defined is not None:
             used = _names_outside_raise(node)  # a misspelt exception is a bug
