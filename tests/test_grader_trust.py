@@ -309,3 +309,38 @@ def test_untouched_notebooks_still_score_zero_as_a_grade(tmp_path):
         [write(release_notebook(CHAPTER), tmp_path / "u.ipynb")], CHAPTER
     )
     assert result["graded"] and result["score"] == 0.0
+
+
+def _kernel_processes() -> list[tuple[int, int]]:
+    """(pid, parent pid) of every running jailed kernel that runs as an unprivileged id."""
+    out = subprocess.run(
+        ["ps", "-eww", "-o", "pid=,ppid=,uid=,args="], capture_output=True, text=True
+    ).stdout
+    rows = [line.split(None, 3) for line in out.splitlines()]
+    return [
+        (int(pid), int(ppid))
+        for pid, ppid, uid, args in rows
+        if "zygote.py" in args and int(uid) >= Limits().kernel_uid
+    ]
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="kernels change uid only under root")
+def test_a_kernel_dies_with_its_supervisor_when_run_as_root():
+    """Under root each kernel drops to its own uid, which clears its parent-death
+    signal; re-armed, a kernel whose supervisor is killed from outside does not run on
+    orphaned."""
+    import asyncio
+
+    with Sandbox(Limits()) as sandbox, sandbox.kernel() as (km, _):
+        before = set(_kernel_processes())
+        asyncio.run(km.start_kernel())
+        deadline = time.monotonic() + 60
+        while not (set(_kernel_processes()) - before) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        ((kernel, supervisor),) = set(_kernel_processes()) - before
+        os.kill(supervisor, signal.SIGKILL)
+        time.sleep(2)
+        orphaned = kernel in {pid for pid, _ in _kernel_processes()}
+        if orphaned:  # do not leave it running
+            os.kill(kernel, signal.SIGKILL)
+        assert not orphaned

@@ -227,6 +227,9 @@ def drop_to(uid, kernel_dir):
     # setuid made the kernel undumpable, which would hide its memory map (smaps) from the
     # zygote's watch; its own uid is its alone, so no other process gains access
     _libc.prctl(PR_SET_DUMPABLE, 1)
+    # and cleared its parent-death signal: without it, a kernel whose supervisor is
+    # killed from outside would run on, orphaned
+    die_with_parent()
 
 
 def apply_limits(config):
