@@ -35,9 +35,17 @@ class Feature(NamedTuple):
 
 
 FEATURES: dict[str, Feature] = {
+    # Every route into a library attention, however reached: any PyTorch function or
+    # ATen operator with "attention" in its name (the fused, flash, memory-efficient,
+    # cuDNN, flex and multi-head ones, in this PyTorch and the next), and the fused
+    # transformer layer that calls one inside.
     "sdpa": Feature(
-        "PyTorch's fused attention (F.scaled_dot_product_attention, flash attention)",
+        "PyTorch's own attention (F.scaled_dot_product_attention, "
+        "F.multi_head_attention_forward, nn.MultiheadAttention, flash or flex attention)",
         names=(
+            "multi_head_attention_forward",
+            "_native_multi_head_attention",
+            "MultiheadAttention",
             "scaled_dot_product_attention",
             "_scaled_dot_product_attention_math",
             "_scaled_dot_product_flash_attention",
@@ -50,10 +58,19 @@ FEATURES: dict[str, Feature] = {
             "flex_attention",
         ),
         ops=(
+            "attention",
             "scaled_dot_product",
-            "_flash_attention",
-            "_efficient_attention",
-            "flex_attention",
+            "_fused_sdp_choice",
+            "_transformer_encoder_layer_fwd",
+            "_transformer_decoder_only_layer_fwd",
+        ),
+        modules=(
+            "MultiheadAttention",
+            "TransformerEncoderLayer",
+            "TransformerDecoderLayer",
+            "TransformerEncoder",
+            "TransformerDecoder",
+            "Transformer",
         ),
     ),
     "mha": Feature(
@@ -97,6 +114,12 @@ FEATURES: dict[str, Feature] = {
         modules=("Softmax", "LogSoftmax"),
     ),
 }
+
+
+def watched_anywhere() -> list[str]:
+    """Every name any feature is recognised by at run time: what the sealed child
+    records outside the tests' calls."""
+    return sorted({op for f in FEATURES.values() for op in f.ops})
 
 
 def watch_plan(forbidden: tuple[str, ...]) -> dict:

@@ -398,6 +398,7 @@ def serve_one(conn, request, config):
 
     # No threads here: a process that unshared its PID namespace may not create any.
     pidfd = os.pidfd_open(kernel)
+    _write(request["pid_file"], str(kernel))  # for the grader's sealed window
     watch = Watch(config["memory"]) if config["memory"] else None
     killed_by = None  # who among us ended the kernel, if anyone did
     while True:
