@@ -141,6 +141,7 @@ def run_notebook(
         atexit.unregister(client._cleanup_kernel)  # we end the kernel ourselves
     if window.ident is not None:  # started: it ends within its own time limits
         window.join()
+    run.died_in_test = run.died_in_test or window.ended_early
     if window.problem and not run.died_in_test:
         run.errors.append(window.problem)
     run.errors += _problems(client, numbers, limits)

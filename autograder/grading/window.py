@@ -165,6 +165,7 @@ class SealedWindow(threading.Thread):
         self.results: list[bytes | None] = [None] * len(plans["tests"])
         self.problem: str | None = None
         self.between: list[str] = []  # watched names seen outside the tests' calls
+        self.ended_early = False  # the child ended (a crash, os._exit) before the last test
 
     def run(self) -> None:
         try:
@@ -232,6 +233,9 @@ class SealedWindow(threading.Thread):
             if not ready:
                 signal.pidfd_send_signal(fd, signal.SIGKILL)
                 select.select([fd], [], [], 10)
+            else:
+                last = self.folder / probe.result_name(len(self.results) - 1)
+                self.ended_early = not last.exists()
         finally:
             os.close(fd)
 
