@@ -15,9 +15,9 @@ from pathlib import Path
 import nbformat
 import torch
 from nbclient import NotebookClient
-from nbclient.exceptions import DeadKernelError
+from nbclient.exceptions import CellExecutionComplete, DeadKernelError
 
-from autograder.grading import probe
+from autograder.grading import outcomes, probe
 from autograder.grading.limits import Limits
 from autograder.grading.prepare import PreparedTest
 from autograder.grading.sandbox import kill_kernel
@@ -25,30 +25,40 @@ from autograder.grading.student_code import is_test_cell
 
 
 class QuietClient(NotebookClient):
-    """Keeps only error names and messages, so a cell that prints gigabytes costs nothing;
-    a cell that prints more than ``output_limit`` bytes is interrupted."""
+    """Keeps only error names and messages. Everything else the kernel sends (printed
+    text, display data, widget state in comm messages) is counted and dropped, so a cell
+    that sends gigabytes costs the grader nothing; past ``output_limit`` bytes in all,
+    the cell is interrupted."""
 
     output_limit: int = 10 * 2**20
     printed: int = 0
     flooded_cell: int | None = None
 
-    def output(self, outs, msg, display_id, cell_index):
+    def process_message(self, msg, cell, cell_index):
+        """Every message a cell's run sends passes here. nbclient's own would store
+        outputs, display ids and widget state (``handle_comm_msg``) and run widget
+        handlers on the student's comm messages; this stores nothing but an error."""
+        self._count(msg, cell_index)
         content = msg["content"]
-        self.printed += len(str(content.get("text", ""))) + sum(
-            len(str(v)) for v in content.get("data", {}).values()
-        )
-        if self.printed > self.output_limit and self.flooded_cell is None:
-            self.flooded_cell = cell_index
-            self._interrupt()
+        if msg["msg_type"] == "status" and content.get("execution_state") == "idle":
+            raise CellExecutionComplete()
         if msg["msg_type"] == "error":
-            content = msg["content"]
-            outs[:] = [
+            cell.outputs[:] = [
                 {
                     "ename": str(content.get("ename", ""))[:100],
                     "evalue": str(content.get("evalue", ""))[:300],
                 }
             ]
         return None
+
+    def _count(self, msg, cell_index: int) -> None:
+        """Add the message's size to what the notebook sent; interrupt a flood."""
+        self.printed += len(str(msg["content"])) + sum(
+            memoryview(b).nbytes for b in msg.get("buffers") or ()
+        )
+        if self.printed > self.output_limit and self.flooded_cell is None:
+            self.flooded_cell = cell_index
+            self._interrupt()
 
     def _interrupt(self) -> None:
         """SIGINT the kernel's process group (the sandbox's launcher relays it)."""
@@ -210,14 +220,18 @@ def _problems(client: QuietClient, numbers: list[int], limits: Limits) -> list[s
     return problems
 
 
-def _read_result(path: Path, limits: Limits) -> list[dict] | None:
-    """A probe's saved outcomes; None when it wrote none or the file is not a clean result."""
-    try:
-        if not path.is_file() or path.stat().st_size > limits.result_mb * 2**20:
-            return None
-        return torch.load(path, weights_only=True)
-    except Exception:  # noqa: BLE001 (whatever student code did to the file, it is no result)
+def _read_result(path: Path, limits: Limits) -> list[dict] | str | None:
+    """A probe's saved outcomes, validated (the student's code may have written the
+    file); None when it wrote none, a message for the student when it is no result."""
+    if not path.is_file():
         return None
+    try:
+        if path.stat().st_size > limits.result_mb * 2**20:
+            return f"{outcomes.UNREADABLE} (larger than {limits.result_mb} MB)"
+        raw = torch.load(path, weights_only=True)
+    except Exception as exc:  # noqa: BLE001 (whatever student code did to the file, it is no result)
+        return f"{outcomes.UNREADABLE} ({type(exc).__name__})"
+    return outcomes.validated(raw)
 
 
 def _kernel_environment() -> dict[str, str]:
