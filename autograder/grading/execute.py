@@ -17,9 +17,9 @@ from pathlib import Path
 import nbformat
 import torch
 from nbclient import NotebookClient
-from nbclient.exceptions import DeadKernelError
+from nbclient.exceptions import CellExecutionComplete, DeadKernelError
 
-from autograder.grading import probe
+from autograder.grading import outcomes, probe
 from autograder.grading.delegation import watched_anywhere
 from autograder.grading.limits import Limits
 from autograder.grading.prepare import PreparedTest
@@ -29,30 +29,40 @@ from autograder.grading.window import SealedWindow
 
 
 class QuietClient(NotebookClient):
-    """Keeps only error names and messages, so a cell that prints gigabytes costs nothing;
-    a cell that prints more than ``output_limit`` bytes is interrupted."""
+    """Keeps only error names and messages. Everything else the kernel sends (printed
+    text, display data, widget state in comm messages) is counted and dropped, so a cell
+    that sends gigabytes costs the grader nothing; past ``output_limit`` bytes in all,
+    the cell is interrupted."""
 
     output_limit: int = 10 * 2**20
     printed: int = 0
     flooded_cell: int | None = None
 
-    def output(self, outs, msg, display_id, cell_index):
+    def process_message(self, msg, cell, cell_index):
+        """Every message a cell's run sends passes here. nbclient's own would store
+        outputs, display ids and widget state (``handle_comm_msg``) and run widget
+        handlers on the student's comm messages; this stores nothing but an error."""
+        self._count(msg, cell_index)
         content = msg["content"]
-        self.printed += len(str(content.get("text", ""))) + sum(
-            len(str(v)) for v in content.get("data", {}).values()
-        )
-        if self.printed > self.output_limit and self.flooded_cell is None:
-            self.flooded_cell = cell_index
-            self._interrupt()
+        if msg["msg_type"] == "status" and content.get("execution_state") == "idle":
+            raise CellExecutionComplete()
         if msg["msg_type"] == "error":
-            content = msg["content"]
-            outs[:] = [
+            cell.outputs[:] = [
                 {
                     "ename": str(content.get("ename", ""))[:100],
                     "evalue": str(content.get("evalue", ""))[:300],
                 }
             ]
         return None
+
+    def _count(self, msg, cell_index: int) -> None:
+        """Add the message's size to what the notebook sent; interrupt a flood."""
+        self.printed += len(str(msg["content"])) + sum(
+            memoryview(b).nbytes for b in msg.get("buffers") or ()
+        )
+        if self.printed > self.output_limit and self.flooded_cell is None:
+            self.flooded_cell = cell_index
+            self._interrupt()
 
     def _interrupt(self) -> None:
         """SIGINT the kernel's process group (the sandbox's launcher relays it)."""
@@ -97,7 +107,7 @@ def run_notebook(
     workdir: Path,
     limits: Limits,
     skip: frozenset[str] = frozenset(),
-) -> tuple[list[list[dict] | None], Run]:
+) -> tuple[list[list[dict] | str | None], Run]:
     """Execute the student's code cells, then the probe, which runs every hidden test in
     a sealed window (``window.py``); returns each test's raw outcomes (None where none
     came back) and what went wrong."""
@@ -146,9 +156,9 @@ def run_notebook(
         run.errors.append(window.problem)
     run.errors += _problems(client, numbers, limits)
     got = [_read_result(raw, limits) for raw in window.results]
-    for outcomes in got:  # what ran outside the calls counts against every test
-        if outcomes and window.between:
-            outcomes[0]["used"] = [*outcomes[0].get("used", []), *window.between]
+    for outcome in got:  # what ran outside the calls counts against every test
+        if isinstance(outcome, list) and outcome and window.between:
+            outcome[0]["used"] = [*window.between, *outcome[0].get("used", [])]
     return got, run
 
 
@@ -254,14 +264,18 @@ def _problems(client: QuietClient, numbers: list[int], limits: Limits) -> list[s
     return problems
 
 
-def _read_result(raw: bytes | None, limits: Limits) -> list[dict] | None:
-    """A test's saved outcomes; None when it wrote none or the file is not a clean result."""
-    if raw is None or len(raw) > limits.result_mb * 2**20:
+def _read_result(raw: bytes | None, limits: Limits) -> list[dict] | str | None:
+    """A test's saved outcomes, validated (the student's code may have shaped them);
+    None when none came, a message for the student when they are no result."""
+    if raw is None:
         return None
+    if len(raw) > limits.result_mb * 2**20:
+        return f"{outcomes.UNREADABLE} (larger than {limits.result_mb} MB)"
     try:
-        return torch.load(io.BytesIO(raw), weights_only=True)
-    except Exception:  # noqa: BLE001 (whatever student code did to the file, it is no result)
-        return None
+        loaded = torch.load(io.BytesIO(raw), weights_only=True)
+    except Exception as exc:  # noqa: BLE001 (whatever student code did to the file, it is no result)
+        return f"{outcomes.UNREADABLE} ({type(exc).__name__})"
+    return outcomes.validated(loaded)
 
 
 def _kernel_environment() -> dict[str, str]:

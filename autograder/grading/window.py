@@ -165,7 +165,8 @@ class SealedWindow(threading.Thread):
         self.results: list[bytes | None] = [None] * len(plans["tests"])
         self.problem: str | None = None
         self.between: list[str] = []  # watched names seen outside the tests' calls
-        self.ended_early = False  # the child ended (a crash, os._exit) before the last test
+        # the child ended (a crash, os._exit) before its last test
+        self.ended_early = False
 
     def run(self) -> None:
         try:
