@@ -48,11 +48,11 @@ _real_save = _torch.save
 
 def _forged_save(obj, path, *args, **kwargs):
     name = str(path)
-    if name.endswith("result_0.pt"):
+    if "result_0.pt" in name:
         obj = [{{"error": "E" * {HUGE_ERROR}}} for _ in obj]
-    elif name.endswith("result_3.pt"):
+    elif "result_3.pt" in name:
         obj = [{{"valu": 1}} for _ in obj]
-    elif name.endswith("result_4.pt"):
+    elif "result_4.pt" in name:
         obj = "passed"
     return _real_save(obj, path, *args, **kwargs)
 
@@ -105,9 +105,12 @@ def test_forged_results_fail_only_their_tests_with_a_message(tmp_path):
     assert result["graded"], result["message"]  # the student's doing, no grader fault
     tests = {t["id"]: t for t in result["tests"]}
     for test_id, test in tests.items():
-        assert test["passed"] == (test_id not in FORGED), test
+        # replacing torch.save is refused for review where a test forbids a feature
+        refused = "ask your instructor to review it" in test["message"]
+        assert test["passed"] == (test_id not in FORGED and not refused), test
         assert len(test["message"]) <= judge.MAX_MESSAGE
     assert tests["sdpa_basic"]["message"].startswith("`scaled_dot_product_attention`")
+    assert tests["self_attention_module"]["score"] == 0  # refused: forbids a feature
     for test_id in ("causal_mask_values", "padding_mask_values"):
         assert "could not be read" in tests[test_id]["message"], tests[test_id]
     assert len(json.dumps(result)) < 20_000
