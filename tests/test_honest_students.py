@@ -12,7 +12,7 @@ import nbformat
 import pytest
 
 from autograder import paths
-from autograder.grading.grade import _restored, grade_many
+from autograder.grading.grade import grade_many, restored
 from autograder.grading.student_code import StudentCode, is_course_cell
 from tests.notebooks import CHAPTERS, honest_notebook, student_notebook, write
 
@@ -42,15 +42,15 @@ def test_edited_and_deleted_course_cells_are_restored_and_never_read():
     forged = nbformat.v4.new_code_cell("import ctypes  # mine")
     forged.metadata["nbgrader"] = {"locked": True, "grade_id": "not_the_courses"}
     nb.cells.append(forged)
-    restored = _restored(nb, chapter)
+    restored_nb = restored(nb, chapter)
     release = {_grade_id(c): c.source for c in student_notebook(chapter).cells}
-    ids = [_grade_id(c) for c in restored.cells]
+    ids = [_grade_id(c) for c in restored_nb.cells]
     before = _grade_id(nb.cells[course[0]])  # put back where it was
     assert ids.index(deleted) == ids.index(before) + 1
-    for cell in restored.cells:
+    for cell in restored_nb.cells:
         if is_course_cell(cell):
             assert cell.source == release[_grade_id(cell)]
-    read = StudentCode.of_notebook(restored, chapter).cells
+    read = StudentCode.of_notebook(restored_nb, chapter).cells
     assert len(edited) > 10 and not edited & set(read)
     assert "import ctypes  # mine" in read  # a forged read-only cell is the student's
 

@@ -151,7 +151,7 @@ def colab_setup_cell(cells):
 def lock_course_cell(cell, index: int) -> None:
     """Make one of the course's own code cells (imports, demos, figures) read-only: the
     student cannot edit it in Jupyter, and grading runs the course's code whatever the
-    submission holds (nbgrader autograde's ``OverwriteCells``, ``grade._restored``). Its
+    submission holds (nbgrader autograde's ``OverwriteCells``, ``grade.restored``). Its
     grade id keeps the cell id it had (``cell-007``)."""
     cell.metadata.update(_nbgrader(f"cell_{index:03d}", locked=True))
 

@@ -303,7 +303,7 @@ def _not_graded(result: dict, why: str, fault: str | None = None) -> dict:
     return result
 
 
-def _restored(nb, chapter: str):
+def restored(nb, chapter: str):
     """``nb`` with the course's read-only cells as the course wrote them, as ``nbgrader
     autograde`` runs it (``DeduplicateIds``, then ``OverwriteCells`` by grade id): a
     student's edit there is undone; of two cells with one grade id, the last keeps it;
@@ -339,7 +339,7 @@ def _grade_id(cell) -> str | None:
 def _grade(
     nb, tests: ChapterTests, seed: int, limits: Limits, sandbox, batch: Batch
 ) -> tuple[list[Verdict], Run, KernelEnd]:
-    nb = _restored(nb, tests.chapter)
+    nb = restored(nb, tests.chapter)
     prepared = batch.prepared(tests, seed)
     with sandbox.kernel() as (km, workdir):
         got, run = run_notebook(

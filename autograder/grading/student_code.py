@@ -78,7 +78,7 @@ class StudentCode:
     @classmethod
     def of_notebook(cls, nb, chapter: str) -> StudentCode:
         """The student's own code: every code cell that runs (test cells never do) but
-        the course's, unchanged (grading restores them first: ``grade._restored``).
+        the course's, unchanged (grading restores them first: ``grade.restored``).
         A student's copy of a course cell, unchanged, is the course's code too."""
         given = given_sources(chapter)
         unchanged = set(given)
