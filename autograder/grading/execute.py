@@ -98,6 +98,7 @@ class Run:
         False  # the kernel died while a hidden test called student code
     )
     start_failed: str | None = None  # why the kernel never ran a cell (not the student)
+    grader_fault: str | None = None  # the grader failed while the tests ran: no grade
 
 
 def run_notebook(
@@ -152,6 +153,7 @@ def run_notebook(
     if window.ident is not None:  # started: it ends within its own time limits
         window.join()
     run.died_in_test = run.died_in_test or window.ended_early
+    run.grader_fault = window.fault
     if window.problem and not run.died_in_test:
         run.errors.append(window.problem)
     run.errors += _problems(client, numbers, limits)

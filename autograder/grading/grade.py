@@ -351,6 +351,8 @@ def _grade(
         raise GraderFault(
             f"the kernel did not start: {end.log_tail() or run.start_failed}"
         )
+    if run.grader_fault:
+        raise GraderFault(run.grader_fault)
     died = run.died_in_cell is not None or run.died_in_test
     if died and end.killed_from_outside:
         how = "its sandbox process was lost" if end.lost else f"signal {end.signal}"

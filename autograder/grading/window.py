@@ -33,6 +33,7 @@ import torch
 from autograder.grading import probe
 
 _POLL = 0.005  # seconds between two looks at the kernel's processes
+_SPARE = 64 * 2**20  # free disk below which a missing result may be the grader's fault
 
 
 def _stat(pid: int) -> tuple[str, int] | None:
@@ -164,6 +165,9 @@ class SealedWindow(threading.Thread):
         self.seconds, self.wait, self.max_bytes = seconds, wait, max_bytes
         self.results: list[bytes | None] = [None] * len(plans["tests"])
         self.problem: str | None = None
+        self.fault: str | None = (
+            None  # the grader's own failure: the notebook gets no grade
+        )
         self.between: list[str] = []  # watched names seen outside the tests' calls
         # the child ended (a crash, os._exit) before its last test
         self.ended_early = False
@@ -171,13 +175,13 @@ class SealedWindow(threading.Thread):
     def run(self) -> None:
         try:
             self._run()
-        except Exception as exc:  # noqa: BLE001 (a message for the grade, never a crash)
-            self.problem = f"the grader's window failed ({type(exc).__name__}: {exc})"
+        except Exception as exc:  # noqa: BLE001 (the grader's own failure: no grade)
+            self.fault = f"the grader's window failed ({type(exc).__name__}: {exc})"
 
     def _run(self) -> None:
         kernel = self.kernel_pid()
         if kernel is None:
-            self.problem = "the grader could not find the kernel's process"
+            self.fault = "the grader could not find the kernel's process"
             return
         child = self._await_child(kernel)
         if child is None:
@@ -250,6 +254,9 @@ class SealedWindow(threading.Thread):
                     self.results[i] = path.read_bytes()
             except OSError:
                 pass
+        free = os.statvfs(self.folder)
+        if None in self.results and free.f_bavail * free.f_frsize < _SPARE:
+            self.fault = f"the disk that holds {self.folder.parent} is full"
         try:
             with open(self.folder / probe.BETWEEN, errors="replace") as f:
                 self.between = f.read(20000).split()
