@@ -230,3 +230,20 @@ def test_library_attention_by_any_route_is_named(graded, attack):
     sdpa = [t for t in graded[attack]["tests"] if t["id"].startswith("sdpa")]
     assert sdpa and all(t["score"] == 0 for t in sdpa)
     assert any("PyTorch's own attention" in t["message"] for t in sdpa), sdpa
+
+
+def test_a_window_the_grader_cannot_open_is_no_grade(tmp_path, monkeypatch):
+    """The grader's own failure while the tests run (here its disk refuses the plans)
+    records no grade for the notebook, even after the second try, and says why."""
+    from autograder.grading.grade import grade_notebook
+    from autograder.grading.window import SealedWindow
+
+    def full_disk(self, child):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(SealedWindow, "_hand_over", full_disk)
+    notebook = write(student_notebook(CHAPTER), tmp_path / "right.ipynb")
+    result = grade_notebook(notebook, CHAPTER, seed=3)
+    assert not result["graded"] and result["score"] == 0
+    assert "No space left on device" in result["message"], result["message"]
+    assert "grade this notebook again" in result["message"]

@@ -165,9 +165,9 @@ class SealedWindow(threading.Thread):
         self.seconds, self.wait, self.max_bytes = seconds, wait, max_bytes
         self.results: list[bytes | None] = [None] * len(plans["tests"])
         self.problem: str | None = None
-        self.fault: str | None = (
-            None  # the grader's own failure: the notebook gets no grade
-        )
+        # the grader's own failure: the notebook gets no grade
+        self.fault: str | None = None
+        self.child: int | None = None
         self.between: list[str] = []  # watched names seen outside the tests' calls
         # the child ended (a crash, os._exit) before its last test
         self.ended_early = False
@@ -177,13 +177,16 @@ class SealedWindow(threading.Thread):
             self._run()
         except Exception as exc:  # noqa: BLE001 (the grader's own failure: no grade)
             self.fault = f"the grader's window failed ({type(exc).__name__}: {exc})"
+        finally:  # the child is never left waiting for plans that will not come
+            if self.child is not None:
+                _signal(self.child, signal.SIGKILL)
 
     def _run(self) -> None:
         kernel = self.kernel_pid()
         if kernel is None:
             self.fault = "the grader could not find the kernel's process"
             return
-        child = self._await_child(kernel)
+        child = self.child = self._await_child(kernel)
         if child is None:
             return
         frozen = freeze(kernel, keep=child)
