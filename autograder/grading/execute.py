@@ -126,7 +126,9 @@ def run_notebook(
     client, current = _client(
         student + probes, len(student), km, workdir, limits, probe_time
     )
-    client.on_cell_start = _start_window_at(len(student) + 1, current, window)
+    # opened as the probe's setup cell starts: the student's cells have all run, and the
+    # kernel is not yet forking the tests' process
+    client.on_cell_start = _start_window_at(len(student), current, window)
     run = Run(errors=[])
     # A cell that ignores interrupts cannot outlast this: the kernel is shut down.
     hard_stop = limits.notebook + probe_time + limits.startup + 30

@@ -507,8 +507,17 @@ def run_sealed(namespace, folder, wait=60.0, watch=()):
     ``namespace`` (the student's) and wait for it. ``watch``: what to record outside
     the tests' calls while the plans are in the child."""
     import os
+    import time
 
-    child = os.fork()
+    deadline = time.monotonic() + wait / 2
+    while True:  # the grader is ending the processes the cells left: room comes
+        try:
+            child = os.fork()
+            break
+        except BlockingIOError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
     if child == 0:
         try:
             _sealed_child(namespace, folder, wait, watch)

@@ -1,8 +1,9 @@
 """The sealed window: the only time a submission's hidden tests exist inside its jail.
 
-After the student's last cell, the kernel forks one child that seals itself (one thread,
-no new thread or process, no exec, no ptrace, no signal to others: ``probe.seal``). From
-outside the jail the grader then:
+After the student's last cell, the grader ends the processes those cells left running,
+and the kernel forks one child that seals itself (one thread, no new thread or process,
+no exec, no ptrace, no signal to others: ``probe.seal``). From outside the jail the
+grader then:
 
 1. finds that child: a child of the kernel with one thread and one more seccomp filter
    than the kernel;
@@ -141,6 +142,18 @@ def freeze(kernel: int, keep: int, rounds: int = 200) -> set[int] | None:
     return None
 
 
+def end_leftovers(kernel: int, rounds: int = 50) -> None:
+    """Kill the processes the student's cells left running (the kernel's threads stay):
+    they have no part in the tests, and they hold places the tests' process needs."""
+    for _ in range(rounds):
+        left = descendants(kernel) - {kernel}
+        if not left:
+            return
+        for pid in left:
+            _signal(pid, signal.SIGKILL)
+        time.sleep(_POLL)
+
+
 def thaw(pids: set[int]) -> None:
     for pid in pids:
         _signal(pid, signal.SIGCONT)
@@ -186,6 +199,7 @@ class SealedWindow(threading.Thread):
         if kernel is None:
             self.fault = "the grader could not find the kernel's process"
             return
+        end_leftovers(kernel)
         child = self.child = self._await_child(kernel)
         if child is None:
             return
