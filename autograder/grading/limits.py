@@ -22,6 +22,9 @@ class Limits:
     disk: str = "256m"  # size of each of /submission, /tmp and /dev/shm (tmpfs)
     file_mb: int = 256  # largest file the kernel may write (RLIMIT_FSIZE)
     result_mb: int = 256  # largest result file the grader will read back
+    # all a kernel may write to its kernel directory, on the grader's disk (its result
+    # files, its log): past it, or past 4096 files, the kernel is killed
+    kernel_dir_mb: int = 256
     processes: int = 256  # processes and threads of one submission (RLIMIT_NPROC)
     watch_period: float = 0.2  # seconds between two samples of a submission's memory
     # PyTorch and OpenMP threads per kernel; keep jobs x threads <= cores
