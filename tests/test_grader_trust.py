@@ -289,6 +289,7 @@ for i in range(3):
         for _ in range(200):
             f.write(b"x" * 2**20)
 print("wrote 600 MB")
+import time; time.sleep(2)  # a page cache may take it all before the next check
 """
 
 
