@@ -113,6 +113,45 @@ def run_cells_to_end(sandbox, *sources):
     return texts, end
 
 
+# What an honest student's notebook holds besides the answers: scratch cells of their
+# own, none of which touches an exercise's answer.
+COLAB_CELLS = [
+    "!pip -q install nothing-at-all || true",
+    'import sys\nIN_COLAB = "google.colab" in sys.modules\n'
+    "if IN_COLAB:\n"
+    "    from google.colab import drive\n"
+    '    drive.mount("/content/drive")',
+]
+SCRATCH_CELLS = [
+    "import multiprocessing\nprint(multiprocessing.cpu_count())",
+    "import threading\nthreading.Thread(target=lambda: None).start()",
+    "import torch\nimport torch.nn.functional as F\n"
+    "q_mine = torch.randn(1, 4, 8)  # compare with PyTorch, outside the answer\n"
+    "print(F.scaled_dot_product_attention(q_mine, q_mine, q_mine).shape)",
+    "import torch\ntorch.backends.cudnn.deterministic = True\n"
+    "with torch.profiler.profile() as prof:\n"
+    "    torch.ones(2) + 1\n"
+    "print(len(prof.key_averages()))",
+]
+
+
+def honest_notebook(chapter: str):
+    """The reference answers, as a student who tinkers would submit them: a harmless
+    line added to every code cell (answers, and the course's own cells, which the
+    grader restores), the Colab set-up cells they pasted at the top, and scratch cells
+    at the end."""
+    nb = student_notebook(chapter)
+    for cell in nb.cells:
+        if cell.cell_type == "code" and not cell.metadata.get("nbgrader", {}).get(
+            "grade"
+        ):
+            cell.source += '\nprint("hi")  # a harmless line'
+    first = next(i for i, c in enumerate(nb.cells) if c.cell_type == "code")
+    nb.cells[first:first] = [nbformat.v4.new_code_cell(s) for s in COLAB_CELLS]
+    nb.cells += [nbformat.v4.new_code_cell(s) for s in SCRATCH_CELLS]
+    return nb
+
+
 _HOGS = {
     # SysV segments, detached: no process maps them
     "sysv": """

@@ -19,6 +19,7 @@ from autograder.grading.delegation import (
 from autograder.grading.spec import load_chapter_tests
 from solutions import self_attention as sa
 from tests.answers import verdicts
+from tests.notebooks import COLAB_CELLS, SCRATCH_CELLS
 
 OWN = """
 import math, torch
@@ -156,6 +157,24 @@ EVASIONS = {
     "    torch.autograd._disable_profiler_legacy()\n"
     "    with torch._C.DisableTorchFunction(), torch._C._DisableTorchDispatch():\n"
     "        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)\n",
+    "module_written_to_disk": FLASH_HEAD + "import pathlib, importlib\n"
+    "pathlib.Path('fa_helper.py').write_text(bytes.fromhex('00').decode())  # its code\n"
+    "from fa_helper import fast as flash_attention\n",
+    "profiler_patched_by_alias": FLASH_HEAD
+    + "from torch.autograd import profiler as p\n"
+    "class Quiet(p.profile):\n"
+    "    pass  # would filter function_events\n"
+    "p.profile = Quiet\n"
+    "def flash_attention(q, k, v, block_size=64, causal=False):\n"
+    "    return q\n",
+    "cell_magic": "%%capture\n" + ISSUE_EVASION,
+}
+
+
+# Work done in another thread or process: left to the run-time side, where the hidden
+# inputs reach only a sealed process forked after the last student cell. Reading the code
+# still refuses what names PyTorch's attention on the exercise's call path.
+ELSEWHERE = {
     "fork_child": FLASH_HEAD + "import os, pickle\n"
     "def flash_attention(q, k, v, block_size=64, causal=False):\n"
     "    r, w = os.pipe()\n"
@@ -174,17 +193,6 @@ EVASIONS = {
     "    while not os.path.exists('out.pt'):\n"
     "        time.sleep(0.01)\n"
     "    return torch.load('out.pt')\n",
-    "module_written_to_disk": FLASH_HEAD + "import pathlib, importlib\n"
-    "pathlib.Path('fa_helper.py').write_text(bytes.fromhex('00').decode())  # its code\n"
-    "from fa_helper import fast as flash_attention\n",
-    "profiler_patched_by_alias": FLASH_HEAD
-    + "from torch.autograd import profiler as p\n"
-    "class Quiet(p.profile):\n"
-    "    pass  # would filter function_events\n"
-    "p.profile = Quiet\n"
-    "def flash_attention(q, k, v, block_size=64, causal=False):\n"
-    "    return q\n",
-    "cell_magic": "%%capture\n" + ISSUE_EVASION,
 }
 
 
@@ -378,3 +386,82 @@ def test_plain_delegation_is_delegation_and_own_code_is_nothing_at_run_time():
         "    return (w / w.sum(-1, keepdim=True)) @ v\n"
     )
     assert _watched(own) == []
+
+
+def test_threads_and_processes_are_left_to_the_sealed_run():
+    for name, source in ELSEWHERE.items():
+        assert _tampering(source) == [], name
+    for name in ("fork_child", "thread"):
+        message = refusal([ELSEWHERE[name]], "flash_attention", ("sdpa",))
+        assert "uses PyTorch's fused attention" in message, name
+
+
+HONEST_CELLS = [
+    *COLAB_CELLS,
+    *SCRATCH_CELLS,
+    "import importlib.util, subprocess, sys\n"
+    "if 'google.colab' in sys.modules and not importlib.util.find_spec('einops'):\n"
+    "    subprocess.run([sys.executable, '-m', 'pip', 'install', 'einops'])\n",
+    "import os, socket, asyncio, queue\nos.system('nvidia-smi')\n"
+    "from concurrent.futures import ThreadPoolExecutor\n"
+    "with ThreadPoolExecutor(2) as pool:\n    print(list(pool.map(abs, [-1, 2])))\n",
+    "import torch\ntorch.backends.cuda.matmul.allow_tf32 = False\n"
+    "with torch.profiler.record_function('mine'):\n    pass\n"
+    "if 'flash_attention' in globals():\n    print(globals().get('flash_attention'))\n",
+]
+
+
+def test_honest_scratch_and_colab_cells_read_clean():
+    for exercise in ("flash_attention", "SelfAttention"):
+        cells = [FLASH_HEAD, OWN, *HONEST_CELLS]
+        assert static_tampering(cells, exercise) == [], exercise
+        assert refusal(cells, exercise, ("sdpa",)) is None
+
+
+BOUND_UNDER = {
+    "if": "if True:\n    from torch.nn.functional import scaled_dot_product_attention as f\n",
+    "try": "try:\n    f = F.scaled_dot_product_attention\nexcept Exception:\n    pass\n",
+    "with": "import contextlib\nwith contextlib.nullcontext(F.scaled_dot_product_attention) as f:\n    pass\n",
+    "for": "for f in [F.scaled_dot_product_attention]:\n    pass\n",
+    "while": "while True:\n    f = F.scaled_dot_product_attention\n    break\n",
+    "match": "match F:\n    case object(scaled_dot_product_attention=f):\n        pass\n",
+}
+
+
+def test_bindings_under_compound_statements_are_followed():
+    for name, binding in BOUND_UNDER.items():
+        source = (
+            FLASH_HEAD
+            + binding
+            + "def flash_attention(q, k, v):\n    return f(q, k, v)\n"
+        )
+        assert static_uses([source], "flash_attention", ("sdpa",)) == ["sdpa"], name
+        message = refusal([source], "flash_attention", ("sdpa",))
+        assert "uses PyTorch's fused attention" in message, name
+
+
+FORGING = {
+    "module_attribute": "torch.load = lambda *a, **k: None\n",
+    "module_attribute_by_setattr": "setattr(torch, 'load', print)\n",
+    "os_fork": "import os\nos.fork = lambda: 0\n",
+    "aliased_profiler": "P = torch.autograd.profiler\nP.profile = object\n",
+    "nested_patch": "if True:\n    for _ in range(1):\n        torch.autograd.profiler.profile = object\n",
+    "sys_modules": "import sys\nsys.modules['torch.overrides'] = None\n",
+    "settrace": "import sys\nsys.settrace(None)\n",
+    "monitoring": "import sys\nsys.monitoring.use_tool_id(3, 'x')\n",
+    "gc": "import gc\nprint(len(gc.get_objects()))\n",
+    "frame": "import sys\nframe = sys._getframe()\n",
+    "inspect_frame": "import inspect\nprint(inspect.currentframe().f_back.f_globals)\n",
+    "ipython_events": "get_ipython().events.register('pre_run_cell', print)\n",
+    "ipython_ast": "get_ipython().ast_transformers.append(object())\n",
+    "ctypes": "import ctypes\n",
+    "function_mode": "from torch.overrides import TorchFunctionMode\n",
+}
+
+
+def test_forging_the_watch_from_top_level_code_is_refused():
+    for name, top_level in FORGING.items():
+        source = (
+            FLASH_HEAD + top_level + "def flash_attention(q, k, v):\n    return q\n"
+        )
+        assert _tampering(source), name

@@ -10,7 +10,10 @@ For each chapter that has hidden tests:
 2. ``nbgrader generate_assignment`` makes the *student* notebook
    ``autograder/course/release/<ch>/<ch>.ipynb`` from it.
 
-The student notebook's first code cell sets it up on Colab (``colab_setup_cell``) and does
+Every code cell of the course's own (the imports, helpers, visible checks, demos and
+figures: all but the exercise cells) is an nbgrader read-only cell, with a grade id:
+Jupyter will not let the student edit it, and grading runs the course's code in its place
+whatever the submission holds there. The student notebook's first code cell sets it up on Colab (``colab_setup_cell``) and does
 nothing elsewhere. ``stale_files()`` builds into a temporary course and lists the committed
 files that differ from a fresh build.
 """
@@ -145,6 +148,14 @@ def colab_setup_cell(cells):
     return cell
 
 
+def lock_course_cell(cell, index: int) -> None:
+    """Make one of the course's own code cells (imports, demos, figures) read-only: the
+    student cannot edit it in Jupyter, and grading runs the course's code whatever the
+    submission holds (nbgrader autograde's ``OverwriteCells``, ``grade.restored``). Its
+    grade id keeps the cell id it had (``cell-007``)."""
+    cell.metadata.update(_nbgrader(f"cell_{index:03d}", locked=True))
+
+
 def hidden_test_cell(chapter: str, test: HiddenTest):
     source = "\n".join(
         [
@@ -217,6 +228,8 @@ def source_notebook(chapter: str, tests: ChapterTests):
     first_code = next(i for i, c in enumerate(cells) if c.cell_type == "code")
     cells.insert(first_code, colab_setup_cell(cells))
     for i, cell in enumerate(cells):
+        if cell.cell_type == "code" and "nbgrader" not in cell.metadata:
+            lock_course_cell(cell, i)
         grade_id = cell.metadata.get("nbgrader", {}).get("grade_id")
         cell.id = grade_id.replace("_", "-") if grade_id else f"cell-{i:03d}"
     nb = nbformat.v4.new_notebook(cells=cells)

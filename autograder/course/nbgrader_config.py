@@ -43,6 +43,7 @@ try:
         SandboxedExecute,
         prove_sandbox,
     )
+    from autograder.grading.safe_feedback import FeedbackExporter
 except Exception as exc:  # noqa: BLE001
     # nbgrader logs a config file's errors and goes on with its defaults, which would run
     # every submission unjailed beside the course files and record what it scores.
@@ -71,7 +72,9 @@ c.Autograde.autograde_preprocessors = [
     AssignLatePenalties,
     CheckCellMetadata,
 ]
-# Feedback shows each test's message, not the hidden test code.
+# Feedback shows each test's message, not the hidden test code, and runs nothing the
+# student wrote: markdown, raw cells and outputs are sanitised (safe_feedback.py).
+c.GenerateFeedback.exporter_class = FeedbackExporter
 c.GenerateFeedback.preprocessors = [
     GetGrades,
     ClearHiddenTests,

@@ -76,7 +76,7 @@ def grade_class(
     import nbformat
     from tqdm import tqdm
 
-    from autograder.grading.grade import grade_many, grading_key
+    from autograder.grading.grade import grade_many, grading_key, restored
 
     students = list(notebooks)
     bar = tqdm(
@@ -95,7 +95,9 @@ def grade_class(
     for student, result in zip(students, results, strict=True):
         result["student"] = student
         try:
-            result["key"] = grading_key(nbformat.read(notebooks[student], as_version=4))
+            # the cells graded: the read-only ones as restored, as nbgrader will have them
+            submitted = nbformat.read(notebooks[student], as_version=4)
+            result["key"] = grading_key(restored(submitted, assignment))
         except Exception:  # noqa: BLE001 (unreadable: nbgrader will not record it either)
             result["key"] = None
     return results

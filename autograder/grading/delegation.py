@@ -11,6 +11,42 @@ hide it from the other:
 - in the sandbox, while the student's code runs on the hidden inputs: the PyTorch
   functions and ATen operators called (``ops``, substrings of their names) and the PyTorch
   layers held by a module exercise (``modules``).
+
+Reading the code also refuses a test (``static_tampering``) for what could switch the
+run-time watch off or forge it from inside the kernel. It reads only the student's own
+cells (exercise cells and cells the student added: the course's read-only cells are
+restored before grading and never read), follows names bound anywhere in the module's
+scope (under ``if``, ``for``, ``while``, ``with``, ``try``, ``match``; not inside function
+bodies), and refuses only what no honest answer to these exercises writes:
+
+- anywhere (top-level code and the exercise's call path): reaching into PyTorch's
+  dispatcher, modes or profiler (``torch._C``, ``torch._ops``, ``torch.library``,
+  ``torch.overrides``, ``torch.utils._python_dispatch``, the mode-stack functions,
+  ``TorchFunctionMode``/``TorchDispatchMode``, ``_enable_profiler``/``_disable_profiler``);
+  reaching into the interpreter (``ctypes``, ``cffi``, ``sys.settrace``/``setprofile``/
+  ``addaudithook``/``monitoring``, ``gc.get_objects``/``get_referrers``/``get_referents``,
+  ``sys._getframe``, ``inspect.currentframe``/``stack``/``trace``, frame attributes
+  ``f_back``/``f_locals``/``f_globals``/``f_builtins``/``tb_frame``/``gi_frame``/
+  ``cr_frame``, ``__code__``, ``__globals__``, ``__closure__``, ``marshal``, ``builtins``,
+  ``__builtins__``); replacing what an imported module holds (``torch.load = ...``,
+  ``os.fork = ...``, ``setattr(torch, ...)``, ``del F.x``, ``sys.modules[...] = ...``;
+  not ``torch.backends.*`` settings); injecting names through ``globals()`` (writing to
+  it; reading it is fine); IPython's hooks on running cells (``events.register``,
+  ``ast_transformers``, ``input_transformers_cleanup``/``_post``, ``set_custom_exc``);
+  running code built at run time (``eval``, ``exec``, ``compile``, ``__import__``);
+- on the exercise's call path only: fetching by names built at run time (``importlib``,
+  ``vars``, ``globals``, ``locals``, ``__dict__``, ``__getattribute__``, ``getattr``/
+  ``setattr``/``delattr``/``attrgetter``/``methodcaller`` with a name that is not a
+  written-out string), importing a module the grader cannot read, and using a name
+  nothing in the notebook defines (in a passed test only).
+
+Not refused by reading (an honest notebook does these): threads, processes and sockets
+(``threading``, ``multiprocessing``, ``subprocess``, ``concurrent``, ``asyncio``,
+``queue``, ``socket``, ``os.system``, ``os.fork``): the hidden inputs reach only a
+sealed process forked after the last student cell, which nothing left behind can see
+or change; measuring with ``torch.profiler``; ``torch.backends`` settings; IPython's
+``!`` shell escapes and magics; Colab set-up (``sys.modules`` read,
+``importlib.util.find_spec``, ``google.colab``).
 """
 
 from __future__ import annotations
@@ -35,9 +71,17 @@ class Feature(NamedTuple):
 
 
 FEATURES: dict[str, Feature] = {
+    # Every route into a library attention, however reached: any PyTorch function or
+    # ATen operator with "attention" in its name (the fused, flash, memory-efficient,
+    # cuDNN, flex and multi-head ones, in this PyTorch and the next), and the fused
+    # transformer layer that calls one inside.
     "sdpa": Feature(
-        "PyTorch's fused attention (F.scaled_dot_product_attention, flash attention)",
+        "PyTorch's own attention (F.scaled_dot_product_attention, "
+        "F.multi_head_attention_forward, nn.MultiheadAttention, flash or flex attention)",
         names=(
+            "multi_head_attention_forward",
+            "_native_multi_head_attention",
+            "MultiheadAttention",
             "scaled_dot_product_attention",
             "_scaled_dot_product_attention_math",
             "_scaled_dot_product_flash_attention",
@@ -50,10 +94,19 @@ FEATURES: dict[str, Feature] = {
             "flex_attention",
         ),
         ops=(
+            "attention",
             "scaled_dot_product",
-            "_flash_attention",
-            "_efficient_attention",
-            "flex_attention",
+            "_fused_sdp_choice",
+            "_transformer_encoder_layer_fwd",
+            "_transformer_decoder_only_layer_fwd",
+        ),
+        modules=(
+            "MultiheadAttention",
+            "TransformerEncoderLayer",
+            "TransformerDecoderLayer",
+            "TransformerEncoder",
+            "TransformerDecoder",
+            "Transformer",
         ),
     ),
     "mha": Feature(
@@ -97,6 +150,12 @@ FEATURES: dict[str, Feature] = {
         modules=("Softmax", "LogSoftmax"),
     ),
 }
+
+
+def watched_anywhere() -> list[str]:
+    """Every name any feature is recognised by at run time: what the sealed child
+    records outside the tests' calls."""
+    return sorted({op for f in FEATURES.values() for op in f.ops})
 
 
 def watch_plan(forbidden: tuple[str, ...]) -> dict:
@@ -157,25 +216,76 @@ def message(exercise: str, features: list[str], where: str) -> str:
 READING_CODE = threading.Lock()
 
 
+# Nodes that open a scope of their own: what they bind is not the module's.
+_SCOPES = (
+    ast.FunctionDef,
+    ast.AsyncFunctionDef,
+    ast.ClassDef,
+    ast.Lambda,
+    ast.ListComp,
+    ast.SetComp,
+    ast.DictComp,
+    ast.GeneratorExp,
+)
+
+
+def _in_module_scope(tree: ast.AST) -> Iterator[ast.AST]:
+    """Every node of ``tree`` in the module's own scope, in every statement (``if``,
+    ``for``, ``try``, ``with``, ``match`` bodies too): definitions, but not their bodies."""
+    todo = [tree]
+    while todo:
+        node = todo.pop()
+        yield node
+        if node is tree or not isinstance(node, _SCOPES):
+            todo.extend(reversed(list(ast.iter_child_nodes(node))))
+
+
+def _stored_names(target: ast.AST) -> list[str]:
+    return [n.id for n in ast.walk(target) if isinstance(n, ast.Name)]
+
+
+def _binds(node: ast.AST) -> list[tuple[str, ast.AST]]:
+    """The module-level names ``node`` binds, each with what gives it its value: the
+    definition, import, assignment or ``match`` itself, or the expression a loop,
+    ``with``, ``except`` or ``:=`` takes it from."""
+    match node:
+        case ast.FunctionDef() | ast.AsyncFunctionDef() | ast.ClassDef():
+            return [(node.name, node)]
+        case ast.Import() | ast.ImportFrom():
+            return [(a.asname or a.name.split(".")[0], node) for a in node.names]
+        case ast.Assign(targets=targets):
+            return [(n, node) for t in targets for n in _stored_names(t)]
+        case ast.AnnAssign(target=target) | ast.AugAssign(target=target):
+            return [(n, node) for n in _stored_names(target)]
+        case (
+            ast.For(target=target, iter=source)
+            | ast.AsyncFor(target=target, iter=source)
+        ):
+            return [(n, source) for n in _stored_names(target)]
+        case ast.withitem(optional_vars=target, context_expr=source) if target:
+            return [(n, source) for n in _stored_names(target)]
+        case ast.NamedExpr(target=target, value=source):
+            return [(target.id, source)]
+        case ast.ExceptHandler(name=name, type=source) if name and source:
+            return [(name, source)]
+        case ast.Match(cases=cases):
+            captured = (
+                getattr(p, "name", None) or getattr(p, "rest", None)
+                for case in cases
+                for p in ast.walk(case.pattern)
+            )
+            return [(n, node) for n in captured if n]  # patterns name attributes too
+    return []
+
+
 def _top_level_bindings(trees: list[ast.Module]) -> dict[str, list[ast.AST]]:
-    """Every top-level function, class, assignment and import, by the name it binds."""
+    """Every function, class, assignment and import of the module's scope, by the name
+    it binds, wherever it stands (under an ``if``, a ``try``, a ``with``...)."""
     bound: dict[str, list[ast.AST]] = {}
     for tree in trees:
-        for node in tree.body:
-            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
-                bound.setdefault(node.name, []).append(node)
-            elif isinstance(node, ast.Assign | ast.AnnAssign | ast.AugAssign):
-                targets = (
-                    node.targets if isinstance(node, ast.Assign) else [node.target]
-                )
-                for target in targets:
-                    for name in ast.walk(target):
-                        if isinstance(name, ast.Name):
-                            bound.setdefault(name.id, []).append(node)
-            elif isinstance(node, ast.Import | ast.ImportFrom):
-                for alias in node.names:
-                    name = alias.asname or alias.name.split(".")[0]
-                    bound.setdefault(name, []).append(node)
+        for node in _in_module_scope(tree):
+            for name, value in _binds(node):
+                bound.setdefault(name, []).append(value)
     return bound
 
 
@@ -228,6 +338,8 @@ def _words(node: ast.AST) -> tuple[set[str], set[str]]:
             words.update(sub.module.split("."))
         elif isinstance(sub, ast.Constant) and isinstance(sub.value, str):
             words.add(sub.value.strip())
+        elif isinstance(sub, ast.MatchClass):  # case F(scaled_dot_product_attention=f)
+            words.update(sub.kwd_attrs)
     return names, words
 
 
@@ -264,8 +376,10 @@ def _reached(
             todo.extend(n for n in words[0] if n in bound)
 
 
-# Code that switches the run-time watch off or hides what it calls from it. Words are
-# attribute names, imported names and modules; bare names are builtins called by name.
+# Code that switches the run-time watch off or hides what it calls from it, wherever it
+# stands (the exercise's call path, top-level code): words are attribute names, imported
+# names and modules. Only what no honest answer to these exercises writes: reaching into
+# PyTorch's dispatcher, modes and profiler, or into the interpreter.
 _WATCH_WORDS = {
     "_C": "reaches into `torch._C`",
     "library": "uses `torch.library`",
@@ -299,27 +413,68 @@ _WATCH_WORDS = {
         )
     },
     **{
-        word: f"controls PyTorch's profiler (`{word}`)"
+        word: f"switches PyTorch's profiler on or off (`{word}`)"
         for word in (
-            "profiler",
             "_disable_profiler",
             "_enable_profiler",
             "_disable_profiler_legacy",
             "_enable_profiler_legacy",
             "_prepare_profiler",
-            "record_function",
+        )
+    },
+    **{
+        word: f"reaches into the interpreter (`{word}`)"
+        for word in (
+            "ctypes",
+            "cffi",
+            "settrace",
+            "setprofile",
+            "addaudithook",
+            "get_objects",
+            "get_referrers",
+            "get_referents",
+            "_getframe",
+            "currentframe",
+            "f_back",
+            "f_locals",
+            "f_globals",
+            "f_builtins",
+            "tb_frame",
+            "gi_frame",
+            "cr_frame",
+            "__code__",
+            "__globals__",
+            "__closure__",
+            "marshal",
+        )
+    },
+    "builtins": "changes Python's builtins",
+    "__builtins__": "changes Python's builtins",
+    **{
+        word: f"hooks into IPython's running of cells (`{word}`)"
+        for word in (
+            "ast_transformers",
+            "input_transformers_cleanup",
+            "input_transformers_post",
+            "set_custom_exc",
         )
     },
 }
+# The same for an attribute of one particular owner: ``sys.monitoring``, not any
+# ``monitoring``; ``inspect.stack``, not ``torch.stack``.
+_OWNED_WORDS = {
+    ("sys", "monitoring"): "reaches into the interpreter (`sys.monitoring`)",
+    ("inspect", "stack"): "reaches into the interpreter (`inspect.stack`)",
+    ("inspect", "trace"): "reaches into the interpreter (`inspect.trace`)",
+    ("events", "register"): "hooks into IPython's running of cells (`events.register`)",
+}
+# What hides a name from this reading: only on the exercise's own call path, where an
+# answer has no reason to build names at run time (a Colab set-up cell does, with
+# ``importlib``, at top level).
 _CODE_WORDS = {
     "importlib": "imports modules by names built at run time (`importlib`)",
-    "builtins": "changes Python's builtins",
-    "__builtins__": "changes Python's builtins",
     "__dict__": "fetches attributes through `__dict__`",
     "__getattribute__": "fetches attributes through `__getattribute__`",
-    "__globals__": "reaches into a function's globals",
-    "__code__": "rewrites a function's code",
-    "marshal": "loads code at run time (`marshal`)",
 }
 _CODE_NAMES = {
     "eval": "runs code built at run time (`eval`)",
@@ -331,69 +486,22 @@ _CODE_NAMES = {
     "globals": "fetches or injects names through `globals()`",
     "locals": "fetches names through `locals()`",
 }
-# Work done in another thread or process is invisible to the in-process watch.
-_ELSEWHERE_WORDS = {
-    word: f"runs work in another thread or process (`{word}`)"
-    for word in (
-        "fork",
-        "_fork",
-        "forkpty",
-        "multiprocessing",
-        "subprocess",
-        "ctypes",
-        "cffi",
-        "threading",
-        "_thread",
-        "Thread",
-        "concurrent",
-        "ThreadPoolExecutor",
-        "ProcessPoolExecutor",
-        "asyncio",
-        "queue",
-        "Queue",
-        "SimpleQueue",
-        "socket",
-        "system",
-        "popen",
-        "Popen",
-    )
-}
-# Top-level code runs before the grader's watch is set up and can patch PyTorch or the
-# builtins so that the exercise's own code names nothing suspicious; there only these.
-_TOP_LEVEL_WORDS = {
-    w: d for w, d in _WATCH_WORDS.items() if w not in ("profiler", "library")
-} | {
-    "library": _WATCH_WORDS["library"],
-    "importlib": _CODE_WORDS["importlib"],
-    "builtins": _CODE_WORDS["builtins"],
-    "__builtins__": _CODE_WORDS["__builtins__"],
-    "__globals__": _CODE_WORDS["__globals__"],
-    "__code__": _CODE_WORDS["__code__"],
-    "marshal": _CODE_WORDS["marshal"],
-    "threading": _ELSEWHERE_WORDS["threading"],
-    "_thread": _ELSEWHERE_WORDS["_thread"],
-    "multiprocessing": _ELSEWHERE_WORDS["multiprocessing"],
-    "ctypes": _ELSEWHERE_WORDS["ctypes"],
-    # a worker started here could compute for the exercise through files or pipes
-    **{
-        w: _ELSEWHERE_WORDS[w]
-        for w in ("fork", "subprocess", "Popen", "popen", "system", "concurrent")
-    },
-}
+# Top-level code runs the code it builds at run time unread, before the watch is set up.
 _TOP_LEVEL_NAMES = {
-    n: _CODE_NAMES[n]
-    for n in ("eval", "exec", "compile", "__import__", "__builtins__", "globals")
+    n: _CODE_NAMES[n] for n in ("eval", "exec", "compile", "__import__", "__builtins__")
+}
+# Settings an honest notebook changes: ``torch.backends.cudnn.deterministic = True``.
+_SETTINGS = {"backends"}
+# What changes the namespace through ``globals()`` (reading it is harmless).
+_NAMESPACE_WRITES = {
+    "update",
+    "setdefault",
+    "pop",
+    "clear",
+    "__setitem__",
+    "__delitem__",
 }
 _COURSE_MODULES = {"course_utils"}
-# what top-level code may not assign to: the profiler the watch relies on
-_PROFILER_PARTS = (
-    "profiler",
-    "autograd",
-    "profile",
-    "record_function",
-    "function_events",
-    "_profiler_enabled",
-)
 _FETCHERS = ("getattr", "setattr", "delattr")
 _OWN = ("self", "cls")
 # names IPython defines in a notebook's namespace
@@ -426,15 +534,6 @@ def _unreadable_modules(node: ast.Import | ast.ImportFrom) -> list[str]:
     return unreadable
 
 
-def _is_ipython(node: ast.AST) -> bool:
-    """``get_ipython()``, as IPython writes ``!command`` and ``%magic`` lines."""
-    return (
-        isinstance(node, ast.Call)
-        and isinstance(node.func, ast.Name)
-        and node.func.id == "get_ipython"
-    )
-
-
 def _literal_loop_names(node: ast.AST) -> set[str]:
     """Loop variables over a written-out list of strings: ``for name in ("w", "b")``."""
     names = set()
@@ -458,52 +557,82 @@ def _is_literal(node: ast.AST, literal_names: set[str]) -> bool:
     )
 
 
-def _tampering(node: ast.AST, top_level: bool = False) -> set[str]:
-    """What, under ``node``, switches the watch off or hides a call from it."""
-    words = (
-        _TOP_LEVEL_WORDS if top_level else _WATCH_WORDS | _CODE_WORDS | _ELSEWHERE_WORDS
+def _owner(node: ast.Attribute) -> str | None:
+    """The name an attribute is taken from: ``sys`` in ``sys.monitoring``, ``events`` in
+    ``ip.events.register``."""
+    value = node.value
+    return getattr(value, "id", None) or getattr(value, "attr", None)
+
+
+def _root(node: ast.AST) -> tuple[str | None, set[str]]:
+    """The name an attribute or subscript chain starts from, and its attribute names:
+    ``("torch", {"backends", "cudnn", "deterministic"})``."""
+    attrs = set()
+    while isinstance(node, ast.Attribute | ast.Subscript):
+        if isinstance(node, ast.Attribute):
+            attrs.add(node.attr)
+        node = node.value
+    return (node.id if isinstance(node, ast.Name) else None), attrs
+
+
+def _is_call_of(node: ast.AST, name: str) -> bool:
+    return (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id == name
     )
+
+
+def _patching(sub: ast.AST, modules: set[str]) -> str | None:
+    """Why ``sub`` changes a module from outside (``torch.load = ...``, ``setattr(F,
+    ...)``, ``sys.modules[...] = ...``) or the notebook's namespace unseen
+    (``globals()[...] = ...``); None when it does not."""
+    if isinstance(sub, ast.Attribute | ast.Subscript) and isinstance(
+        sub.ctx, ast.Store | ast.Del
+    ):
+        if isinstance(sub, ast.Subscript) and _is_call_of(sub.value, "globals"):
+            return "injects names through `globals()`"
+        root, attrs = _root(sub)
+        if root in modules and not attrs & _SETTINGS:
+            return f"replaces an attribute of an imported module (`{root}`)"
+    elif isinstance(sub, ast.Attribute) and sub.attr in _NAMESPACE_WRITES:
+        if _is_call_of(sub.value, "globals"):
+            return "injects names through `globals()`"
+        if _root(sub.value) == ("sys", {"modules"}):
+            return "replaces modules in `sys.modules`"
+    elif (
+        isinstance(sub, ast.Call)
+        and isinstance(sub.func, ast.Name)
+        and sub.func.id in ("setattr", "delattr")
+        and sub.args
+        and _root(sub.args[0])[0] in modules
+    ):
+        return f"replaces an attribute of an imported module (`{sub.func.id}`)"
+    return None
+
+
+def _tampering(
+    node: ast.AST, top_level: bool = False, modules: frozenset[str] = frozenset()
+) -> set[str]:
+    """What, under ``node``, switches the watch off or hides a call from it; on the
+    exercise's call path (not ``top_level``), also what hides a name from this reading.
+    ``modules`` are the notebook's names of imported modules."""
+    words = _WATCH_WORDS if top_level else _WATCH_WORDS | _CODE_WORDS
     names = _TOP_LEVEL_NAMES if top_level else _CODE_NAMES
     skip = _not_calls(node)
     literal = _literal_loop_names(node)
-    with_items = {
-        id(part)
-        for sub in ast.walk(node)
-        if isinstance(sub, ast.With | ast.AsyncWith)
-        for item in sub.items
-        for part in ast.walk(item.context_expr)
-    }
     found = set()
     for sub in _walk(node, lambda n: id(n) in skip):
+        patching = _patching(sub, modules)
+        if patching:
+            found.add(patching)
         if isinstance(sub, ast.Name) and sub.id in names:
             found.add(names[sub.id])
         elif isinstance(sub, ast.Attribute):
-            if sub.attr == "system" and _is_ipython(sub.value):
-                pass  # ``!pip install ...``: IPython's shell escape, not a worker
-            elif sub.attr in words:
+            if sub.attr in words:
                 found.add(words[sub.attr])
-            elif (
-                sub.attr == "modules"
-                and isinstance(sub.value, ast.Name)
-                and sub.value.id == "sys"
-            ):
-                found.add("reaches into `sys.modules`")
-            elif (
-                top_level
-                and sub.attr == "profiler"
-                and id(sub) not in with_items
-                and isinstance(sub.ctx, ast.Load)
-            ):
-                # ``with torch.profiler.profile() as prof:`` measures; anything else
-                # (keeping the module, subclassing its profile) may patch the watch
-                found.add(_WATCH_WORDS["profiler"])
-            elif top_level and isinstance(sub.ctx, ast.Store | ast.Del):
-                # patching the profiler or the watch from top-level code
-                chain = sub
-                while isinstance(chain, ast.Attribute):
-                    if chain.attr in _PROFILER_PARTS:
-                        found.add(_WATCH_WORDS["profiler"])
-                    chain = chain.value
+            elif (_owner(sub), sub.attr) in _OWNED_WORDS:
+                found.add(_OWNED_WORDS[_owner(sub), sub.attr])
         elif not top_level and isinstance(sub, ast.Import | ast.ImportFrom):
             for module in _unreadable_modules(sub):
                 found.add(f"imports `{module}`, code the grader cannot read")
@@ -512,56 +641,63 @@ def _tampering(node: ast.AST, top_level: bool = False) -> set[str]:
             for part in module.split("."):
                 if part in words:
                     found.add(words[part])
-            if isinstance(sub, ast.ImportFrom) and module == "sys":
-                if any(a.name in ("modules", "*") for a in sub.names):
-                    found.add("reaches into `sys.modules`")
-        elif isinstance(sub, ast.Call):
-            func = sub.func
-            fname = func.id if isinstance(func, ast.Name) else None
-            if fname in _FETCHERS and len(sub.args) >= 2:
-                target, attr = sub.args[0], sub.args[1]
-                own = isinstance(target, ast.Name) and target.id in _OWN
-                if not own and not _is_literal(attr, literal):
-                    found.add(
-                        f"fetches attributes by names built at run time (`{fname}`)"
-                    )
-                if top_level and fname != "getattr" and not own:
-                    # a top-level setattr/delattr patches something
-                    if isinstance(attr, ast.Constant) and attr.value in _PROFILER_PARTS:
-                        found.add(f"patches PyTorch's profiler (`{fname}`)")
-                    for w in ast.walk(sub.args[0]):
-                        if isinstance(w, ast.Attribute | ast.Name) and (
-                            getattr(w, "attr", None) or getattr(w, "id", None)
-                        ) in ("profiler", "autograd", "builtins", "torch", "_C"):
-                            found.add(f"patches PyTorch or the builtins (`{fname}`)")
-            attr_name = func.attr if isinstance(func, ast.Attribute) else fname
-            if attr_name in ("attrgetter", "methodcaller") and not all(
-                _is_literal(a, literal) for a in sub.args
-            ):
-                found.add(
-                    f"fetches attributes by names built at run time (`{attr_name}`)"
-                )
+        elif isinstance(sub, ast.Call) and not top_level:
+            found |= _fetching_by_built_names(sub, literal)
     return found
 
 
-def _runs_at_top_level(tree: ast.Module) -> list[ast.AST]:
-    """The parts of a cell that run when it runs: every statement but the bodies of its
-    functions (decorators, default values and class bodies do run)."""
-    roots = []
-    for node in tree.body:
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
-            roots += node.decorator_list + node.args.defaults
-            roots += [d for d in node.args.kw_defaults if d is not None]
-        elif isinstance(node, ast.ClassDef):
-            roots += node.decorator_list + node.bases + node.keywords
-            for item in node.body:
-                if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef):
-                    roots += item.decorator_list + item.args.defaults
-                else:
-                    roots.append(item)
-        else:
-            roots.append(node)
-    return roots
+def _fetching_by_built_names(call: ast.Call, literal: set[str]) -> set[str]:
+    """``getattr(F, name)``, ``attrgetter(name)`` with a name built at run time (not a
+    written-out string, and not from the object's own ``self``)."""
+    func = call.func
+    fname = func.id if isinstance(func, ast.Name) else None
+    found = set()
+    if fname in _FETCHERS and len(call.args) >= 2:
+        target, attr = call.args[0], call.args[1]
+        own = isinstance(target, ast.Name) and target.id in _OWN
+        if not own and not _is_literal(attr, literal):
+            found.add(f"fetches attributes by names built at run time (`{fname}`)")
+    attr_name = func.attr if isinstance(func, ast.Attribute) else fname
+    if attr_name in ("attrgetter", "methodcaller") and not all(
+        _is_literal(a, literal) for a in call.args
+    ):
+        found.add(f"fetches attributes by names built at run time (`{attr_name}`)")
+    return found
+
+
+def _module_names(bound: dict[str, list[ast.AST]]) -> frozenset[str]:
+    """The names bound to modules and what they hold: by an import, or by an assignment
+    of a plain attribute chain of one (``P = torch.autograd.profiler``)."""
+    modules = {
+        name
+        for name, nodes in bound.items()
+        if any(isinstance(n, ast.Import | ast.ImportFrom) for n in nodes)
+    }
+    for name, nodes in bound.items():
+        for node in nodes:
+            value = getattr(node, "value", None)
+            if isinstance(node, ast.Assign) and isinstance(value, ast.Attribute):
+                if _root(value)[0] in modules:
+                    modules.add(name)
+    return frozenset(modules)
+
+
+def _runs_at_top_level(node: ast.AST) -> list[ast.AST]:
+    """The parts of a cell that run when it runs: every statement, in ``if``, ``for``,
+    ``try``, ``with``, ``match`` and class bodies too, but not the bodies of functions
+    (their decorators and default values do run)."""
+    if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+        defaults = node.args.defaults + [d for d in node.args.kw_defaults if d]
+        return node.decorator_list + defaults
+    compound = any(
+        isinstance(value, list) and any(isinstance(v, ast.stmt) for v in value)
+        for _, value in ast.iter_fields(node)
+    )
+    if not compound:
+        return [node]
+    return [
+        r for child in ast.iter_child_nodes(node) for r in _runs_at_top_level(child)
+    ]
 
 
 @functools.lru_cache(maxsize=4096)
@@ -660,25 +796,28 @@ def _is_provided(name: str) -> bool:
 def static_tampering(
     sources: list[str], exercise: str, given: list[str] = ()
 ) -> list[str]:
-    """What in ``sources`` (the student's code cells) switches the grader's run-time watch
-    off or hides calls from it: on the call path of ``exercise`` (its definition and what
-    it refers to, as for ``static_uses``), and in top-level code, which runs in the same
-    namespace. ``given`` are the course's cells, whose names are not injected."""
+    """What in ``sources`` (the student's own code cells) switches the grader's run-time
+    watch off or hides calls from it: on the call path of ``exercise`` (its definition
+    and what it refers to, as for ``static_uses``), and in top-level code, which runs in
+    the same process. ``given`` are the course's cells: their names are not injected,
+    and the modules they import are modules."""
     trees = [t for t in map(_parse, sources) if t is not None]
     bound = _top_level_bindings(trees)
+    given_trees = [t for t in map(_parse, given) if t is not None]
+    modules = _module_names(_top_level_bindings(given_trees + trees))
     found, called = set(), []
     for root in (r for tree in trees for r in _runs_at_top_level(tree)):
-        found |= _tampering(root, top_level=True)
+        found |= _tampering(root, top_level=True, modules=modules)
         called.extend(_words(root)[0])
     # and what top-level code calls: ``def patch(): ...`` then ``patch()``
     for node, _ in _reached(bound, called):
-        found |= _tampering(node, top_level=True)
+        found |= _tampering(node, top_level=True, modules=modules)
     defined: set[str] | None = set()
     for source in [*sources, *given]:
         names = _cell_bindings(source)
         defined = None if names is None or defined is None else defined | names
     for node, _ in _reached(bound, [exercise]):
-        found |= _tampering(node)
+        found |= _tampering(node, modules=modules)
         if defined is not None:
             used = _names_outside_raise(node)  # a misspelt exception is a bug
             for n in sorted(_global_references(node) & used):

@@ -1,10 +1,12 @@
 """Run a student's notebook in a kernel: their code cells under time and output limits,
-then one probe cell per hidden test, which calls their functions on the planned inputs
-and saves the raw outputs as plain data. Nothing here judges: see ``judge.py``."""
+then the probe, which calls their functions on the planned inputs in a sealed child of
+the kernel (``window.py``) and saves the raw outputs as plain data. Nothing here judges:
+see ``judge.py``."""
 
 from __future__ import annotations
 
 import atexit
+import io
 import os
 import signal
 import threading
@@ -15,40 +17,52 @@ from pathlib import Path
 import nbformat
 import torch
 from nbclient import NotebookClient
-from nbclient.exceptions import DeadKernelError
+from nbclient.exceptions import CellExecutionComplete, DeadKernelError
 
-from autograder.grading import probe
+from autograder.grading import outcomes, probe
+from autograder.grading.delegation import watched_anywhere
 from autograder.grading.limits import Limits
 from autograder.grading.prepare import PreparedTest
 from autograder.grading.sandbox import kill_kernel
 from autograder.grading.student_code import is_test_cell
+from autograder.grading.window import SealedWindow
 
 
 class QuietClient(NotebookClient):
-    """Keeps only error names and messages, so a cell that prints gigabytes costs nothing;
-    a cell that prints more than ``output_limit`` bytes is interrupted."""
+    """Keeps only error names and messages. Everything else the kernel sends (printed
+    text, display data, widget state in comm messages) is counted and dropped, so a cell
+    that sends gigabytes costs the grader nothing; past ``output_limit`` bytes in all,
+    the cell is interrupted."""
 
     output_limit: int = 10 * 2**20
     printed: int = 0
     flooded_cell: int | None = None
 
-    def output(self, outs, msg, display_id, cell_index):
+    def process_message(self, msg, cell, cell_index):
+        """Every message a cell's run sends passes here. nbclient's own would store
+        outputs, display ids and widget state (``handle_comm_msg``) and run widget
+        handlers on the student's comm messages; this stores nothing but an error."""
+        self._count(msg, cell_index)
         content = msg["content"]
-        self.printed += len(str(content.get("text", ""))) + sum(
-            len(str(v)) for v in content.get("data", {}).values()
-        )
-        if self.printed > self.output_limit and self.flooded_cell is None:
-            self.flooded_cell = cell_index
-            self._interrupt()
+        if msg["msg_type"] == "status" and content.get("execution_state") == "idle":
+            raise CellExecutionComplete()
         if msg["msg_type"] == "error":
-            content = msg["content"]
-            outs[:] = [
+            cell.outputs[:] = [
                 {
                     "ename": str(content.get("ename", ""))[:100],
                     "evalue": str(content.get("evalue", ""))[:300],
                 }
             ]
         return None
+
+    def _count(self, msg, cell_index: int) -> None:
+        """Add the message's size to what the notebook sent; interrupt a flood."""
+        self.printed += len(str(msg["content"])) + sum(
+            memoryview(b).nbytes for b in msg.get("buffers") or ()
+        )
+        if self.printed > self.output_limit and self.flooded_cell is None:
+            self.flooded_cell = cell_index
+            self._interrupt()
 
     def _interrupt(self) -> None:
         """SIGINT the kernel's process group (the sandbox's launcher relays it)."""
@@ -84,6 +98,7 @@ class Run:
         False  # the kernel died while a hidden test called student code
     )
     start_failed: str | None = None  # why the kernel never ran a cell (not the student)
+    grader_fault: str | None = None  # the grader failed while the tests ran: no grade
 
 
 def run_notebook(
@@ -93,15 +108,28 @@ def run_notebook(
     workdir: Path,
     limits: Limits,
     skip: frozenset[str] = frozenset(),
-) -> tuple[list[list[dict] | None], Run]:
-    """Execute the student's code cells, then one probe cell per hidden test; returns each
-    test's raw outcomes (None where the probe wrote nothing) and what went wrong."""
+) -> tuple[list[list[dict] | str | None], Run]:
+    """Execute the student's code cells, then the probe, which runs every hidden test in
+    a sealed window (``window.py``); returns each test's raw outcomes (None where none
+    came back) and what went wrong."""
     student, numbers = _student_cells(nb, skip)
-    probes, result_paths = _probe_cells(prepared, workdir)
-    client, current = _client(student + probes, len(student), km, workdir, limits)
+    window = SealedWindow(
+        lambda: _kernel_pid(km),
+        workdir,
+        {"tests": [p.test_plan for p in prepared], "seconds": limits.test},
+        seconds=limits.test,
+        wait=limits.startup,
+        max_bytes=int(limits.result_mb * 2**20),
+    )
+    probes = _probe_cells(workdir, limits.startup, watched_anywhere())
+    probe_time = limits.startup + limits.test * len(prepared) + 30
+    client, current = _client(
+        student + probes, len(student), km, workdir, limits, probe_time
+    )
+    client.on_cell_start = _start_window_at(len(student) + 1, current, window)
     run = Run(errors=[])
     # A cell that ignores interrupts cannot outlast this: the kernel is shut down.
-    hard_stop = limits.notebook + limits.test * len(prepared) + limits.startup + 30
+    hard_stop = limits.notebook + probe_time + limits.startup + 30
     watchdog = threading.Timer(hard_stop, lambda: kill_kernel(km))
     watchdog.start()
     try:
@@ -122,8 +150,39 @@ def run_notebook(
     finally:
         watchdog.cancel()
         atexit.unregister(client._cleanup_kernel)  # we end the kernel ourselves
+    if window.ident is not None:  # started: it ends within its own time limits
+        window.join()
+    run.died_in_test = run.died_in_test or window.ended_early
+    run.grader_fault = window.fault
+    if window.problem and not run.died_in_test:
+        run.errors.append(window.problem)
     run.errors += _problems(client, numbers, limits)
-    return [_read_result(path, limits) for path in result_paths], run
+    got = [_read_result(raw, limits) for raw in window.results]
+    for outcome in got:  # what ran outside the calls counts against every test
+        if isinstance(outcome, list) and outcome and window.between:
+            outcome[0]["used"] = [*window.between, *outcome[0].get("used", [])]
+    return got, run
+
+
+def _start_window_at(index: int, current: dict, window: SealedWindow):
+    """nbclient's cell-start hook: note the cell, and open the window when the probe
+    cell starts (the student's cells have all run)."""
+
+    def on_cell_start(cell, cell_index):
+        current["index"] = cell_index
+        if cell_index == index:
+            window.start()
+
+    return on_cell_start
+
+
+def _kernel_pid(km) -> int | None:
+    """The kernel's process: the sandbox's launcher knows it (``Sandbox.kernel``); a
+    plain local kernel is the process Jupyter started."""
+    if hasattr(km, "kernel_pid"):
+        return km.kernel_pid()
+    process = getattr(getattr(km, "provisioner", None), "process", None)
+    return None if process is None else process.pid
 
 
 def _student_cells(nb, skip: frozenset[str]) -> tuple[list, list[int]]:
@@ -138,40 +197,37 @@ def _student_cells(nb, skip: frozenset[str]) -> tuple[list, list[int]]:
     return [nbformat.v4.new_code_cell(code[n - 1].source) for n in numbers], numbers
 
 
-def _probe_cells(
-    prepared: list[PreparedTest], workdir: Path
-) -> tuple[list, list[Path]]:
-    """The probe's setup cell, then one cell per hidden test that runs its test plan from
-    a file and writes the outcomes to another; returns the cells and those files."""
-    probes, result_paths = [nbformat.v4.new_code_cell(_probe_setup_cell())], []
-    for i, p in enumerate(prepared):
-        plan, result = workdir / f"plan_{i}.pt", workdir / f"result_{i}.pt"
-        torch.save(p.test_plan, plan)
-        result_paths.append(result)
-        call = f"_grader_probe.run_files({str(plan)!r}, {str(result)!r}, globals())"
-        probes.append(nbformat.v4.new_code_cell(call))
-    return probes, result_paths
+def _probe_cells(workdir: Path, wait: float, watch: list[str]) -> list:
+    """The probe's setup cell, then the cell that forks the sealed child and waits for
+    it. Neither holds anything secret: the plans arrive later, through the window."""
+    call = (
+        f"_grader_probe.run_sealed(globals(), {str(workdir)!r}, {float(wait)!r}, "
+        f"{watch!r})"
+    )
+    return [
+        nbformat.v4.new_code_cell(_probe_setup_cell()),
+        nbformat.v4.new_code_cell(call),
+    ]
 
 
-def _client(cells, n_student: int, km, workdir: Path, limits: Limits):
+def _client(cells, n_student: int, km, workdir: Path, limits: Limits, probe_time):
     """An nbclient for ``cells`` whose first ``n_student`` are the student's, with their
-    time limits; also the index of the cell being run (-1 before the first)."""
+    time limits (the probe's cells get ``probe_time``); also the index of the cell being
+    run (-1 before the first)."""
     deadline = time.monotonic() + limits.notebook
-    current = {"index": -1}  # set by nbclient before it asks for a cell's timeout
-
-    def on_cell_start(cell, cell_index):
-        current["index"] = cell_index
+    current = {
+        "index": -1
+    }  # set by the cell-start hook before nbclient asks for a timeout
 
     def timeout_for(cell) -> int:
         if current["index"] >= n_student:
-            return max(1, int(limits.test))
+            return max(1, int(probe_time))
         return max(1, int(min(limits.cell, deadline - time.monotonic())))
 
     client = QuietClient(
         nbformat.v4.new_notebook(cells=cells),
         km=km,
         timeout_func=timeout_for,
-        on_cell_start=on_cell_start,
         startup_timeout=int(limits.startup),
         allow_errors=True,
         interrupt_on_timeout=True,
@@ -210,14 +266,18 @@ def _problems(client: QuietClient, numbers: list[int], limits: Limits) -> list[s
     return problems
 
 
-def _read_result(path: Path, limits: Limits) -> list[dict] | None:
-    """A probe's saved outcomes; None when it wrote none or the file is not a clean result."""
-    try:
-        if not path.is_file() or path.stat().st_size > limits.result_mb * 2**20:
-            return None
-        return torch.load(path, weights_only=True)
-    except Exception:  # noqa: BLE001 (whatever student code did to the file, it is no result)
+def _read_result(raw: bytes | None, limits: Limits) -> list[dict] | str | None:
+    """A test's saved outcomes, validated (the student's code may have shaped them);
+    None when none came, a message for the student when they are no result."""
+    if raw is None:
         return None
+    if len(raw) > limits.result_mb * 2**20:
+        return f"{outcomes.UNREADABLE} (larger than {limits.result_mb} MB)"
+    try:
+        loaded = torch.load(io.BytesIO(raw), weights_only=True)
+    except Exception as exc:  # noqa: BLE001 (whatever student code did to the file, it is no result)
+        return f"{outcomes.UNREADABLE} ({type(exc).__name__})"
+    return outcomes.validated(loaded)
 
 
 def _kernel_environment() -> dict[str, str]:

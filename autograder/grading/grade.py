@@ -22,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 import nbformat
+from nbgrader.preprocessors import DeduplicateIds
 
 from autograder.grading import delegation
 from autograder.grading.execute import Run, run_notebook
@@ -30,7 +31,13 @@ from autograder.grading.limits import Limits
 from autograder.grading.prepare import PreparedTest, prepare
 from autograder.grading.sandbox import KernelEnd, Sandbox, Unsandboxed
 from autograder.grading.spec import ChapterTests, graded_chapters, load_chapter_tests
-from autograder.grading.student_code import StudentCode, demo_sources, is_test_cell
+from autograder.grading.student_code import (
+    StudentCode,
+    course_cells,
+    demo_sources,
+    is_course_cell,
+    is_test_cell,
+)
 
 
 def _defined_names(nb) -> set[str]:
@@ -296,9 +303,43 @@ def _not_graded(result: dict, why: str, fault: str | None = None) -> dict:
     return result
 
 
+def restored(nb, chapter: str):
+    """``nb`` with the course's read-only cells as the course wrote them, as ``nbgrader
+    autograde`` runs it (``DeduplicateIds``, then ``OverwriteCells`` by grade id): a
+    student's edit there is undone; of two cells with one grade id, the last keeps it;
+    a read-only cell whose grade id the course has not is the student's own. Beyond
+    nbgrader, a read-only cell the student deleted is put back after the course cell it
+    followed, so the course's code runs in its order whatever the submission holds."""
+    nb = copy.deepcopy(nb)
+    DeduplicateIds().preprocess(nb, {})
+    course = course_cells(chapter)
+    known = {c.metadata.nbgrader.grade_id: c for c in course}
+    for i, cell in enumerate(nb.cells):
+        grade_id = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+        if grade_id in known and is_course_cell(known[grade_id]):
+            nb.cells[i] = copy.deepcopy(known[grade_id])
+        elif grade_id not in known and is_course_cell(cell):
+            del cell.metadata["nbgrader"]
+    at = 0
+    for cell in course:
+        grade_id = cell.metadata.nbgrader.grade_id
+        found = [i for i, c in enumerate(nb.cells) if _grade_id(c) == grade_id]
+        if found:
+            at = found[0] + 1
+        elif is_course_cell(cell):
+            nb.cells.insert(at, cell)
+            at += 1
+    return nb
+
+
+def _grade_id(cell) -> str | None:
+    return cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+
+
 def _grade(
     nb, tests: ChapterTests, seed: int, limits: Limits, sandbox, batch: Batch
 ) -> tuple[list[Verdict], Run, KernelEnd]:
+    nb = restored(nb, tests.chapter)
     prepared = batch.prepared(tests, seed)
     with sandbox.kernel() as (km, workdir):
         got, run = run_notebook(
@@ -310,6 +351,8 @@ def _grade(
         raise GraderFault(
             f"the kernel did not start: {end.log_tail() or run.start_failed}"
         )
+    if run.grader_fault:
+        raise GraderFault(run.grader_fault)
     died = run.died_in_cell is not None or run.died_in_test
     if died and end.killed_from_outside:
         how = "its sandbox process was lost" if end.lost else f"signal {end.signal}"

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from autograder.grading import delegation, probe
+from autograder.grading import delegation, outcomes, probe
 from autograder.grading.prepare import PreparedTest
 from autograder.grading.probe import Outcome
 from autograder.grading.spec import ChapterTests, HiddenTest
@@ -26,12 +26,21 @@ from autograder.paths import load_course_utils
 course_utils = load_course_utils()  # the same comparison the visible checks use
 
 
+MAX_MESSAGE = 2_000  # characters of a verdict's message, whatever the student sent
+
+
 @dataclass
 class Verdict:
     test_id: str
     points: float
     passed: bool
     message: str
+
+    def __post_init__(self):
+        # the message reaches the gradebook, the autograded notebook and the feedback
+        # page: none of them may grow with what the student's code returned
+        if len(self.message) > MAX_MESSAGE:
+            self.message = self.message[: MAX_MESSAGE - 3] + "..."
 
     @property
     def score(self) -> float:
@@ -69,7 +78,8 @@ def describe_difference(expected, got, tol: Tolerance, name: str) -> str | None:
     if isinstance(expected, bool) or expected is None or isinstance(expected, str):
         return (
             None
-            if got == expected and type(got) is type(expected)
+            if type(got) is type(expected)
+            and got == expected  # type first: a tensor's == is no bool
             else f"{name}: expected {expected!r}, got {_kind(got)}"
         )
     if isinstance(expected, (int, float)):
@@ -87,7 +97,7 @@ def _kind(value) -> str:
     if isinstance(value, list):
         return f"a sequence of {len(value)} values"
     if isinstance(value, dict) and "unsupported" in value:
-        return f"an object of type {value['unsupported']}"
+        return f"an object of type {value['unsupported']}"[:120]
     return f"{type(value).__name__} {value!r}"[:80]
 
 
@@ -121,7 +131,7 @@ NO_RESULT = "no result: the notebook did not reach this test"
 def verdict(
     tests: ChapterTests,
     prepared: PreparedTest,
-    got: list[Outcome] | None,
+    got: list[Outcome] | str | None,
     code: StudentCode,
     missing_reason: str = NO_RESULT,
 ) -> Verdict:
@@ -129,11 +139,16 @@ def verdict(
     student's code ran (a forbidden feature, the watch tampered with), the outputs case
     by case, and what the student's code shows when read (a forbidden feature on the
     exercise's call path, a way around the watch). When both the reading and the watch
-    refuse the test, the message gives both."""
+    refuse the test, the message gives both. ``got`` is untrusted (validated here); a
+    string in its place says why the test's result could not be used."""
     test = prepared.test
     seen = None
-    if got is None or len(got) != len(prepared.cases):
-        found = Verdict(test.id, test.points, False, missing_reason)
+    if got is not None and not isinstance(got, str):  # str: why the result was unusable
+        got = outcomes.validated(got, len(prepared.cases))
+    if got is None or isinstance(got, str):
+        found = Verdict(
+            test.id, test.points, False, missing_reason if got is None else got
+        )
     else:
         seen = _seen_while_running(test, got)
         found = (

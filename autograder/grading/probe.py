@@ -190,12 +190,16 @@ class _Watch:
     profiler cannot, and its own sentinel events show whether it was stopped. Anything that
     looks like tampering is recorded as ``TAMPERED + ": " + what``."""
 
-    def __init__(self, watched):
+    def __init__(self, watched, profiler=True):
         self.watched = tuple(watched)
         self.used = set()
         self._by_modes = set()
+        self.profiler = profiler
+        self.paused = False  # set while an inner watch records a call
 
     def note(self, name, by_profiler=False):
+        if self.paused:
+            return
         if any(w in name for w in self.watched):
             self.used.add(name)
             if not by_profiler:
@@ -224,7 +228,7 @@ class _Watch:
         for mode in self._modes:
             mode.__enter__()
         self._profile = None
-        tools = _legacy_profiler()
+        tools = _legacy_profiler() if self.profiler else None
         if tools is not None:
             profile, self._record, self._enabled = tools
             import secrets
@@ -299,8 +303,9 @@ class _Watch:
                     self.used.add("torch.nn." + type(sub).__name__)
 
 
-def run_test(namespace, plan: TestPlan) -> list[Outcome]:
-    """Every call of one hidden test, in order; the student's errors are outcomes."""
+def run_test(namespace, plan: TestPlan, kept=None) -> list[Outcome]:
+    """Every call of one hidden test, in order; the student's errors are outcomes. The
+    values returned are appended to ``kept`` when given (kept alive by the caller)."""
     outcomes = []
     for one in plan["calls"]:
         watch = _Watch(plan["watch"])
@@ -313,6 +318,8 @@ def run_test(namespace, plan: TestPlan) -> list[Outcome]:
             else:
                 value = call(namespace, plan["exercise"], one)
             outcome = {"value": _to_plain(value)}
+            if kept is not None:
+                kept.append(value)
         except (
             Exception,
             SystemExit,
@@ -324,7 +331,187 @@ def run_test(namespace, plan: TestPlan) -> list[Outcome]:
     return outcomes
 
 
-def run_files(plan_path, result_path, namespace):
-    """The kernel-side entry point: read a test plan the grader wrote, write its outcomes."""
-    plan = torch.load(plan_path, weights_only=True)
-    torch.save(run_test(namespace, plan), result_path)
+# The sealed run. The kernel has run every student cell; now it forks one child, which
+# is the only process that ever holds the hidden tests. The child keeps one thread (a
+# fork copies only the calling one), clears Python's tracing hooks, switches off the
+# garbage collector (no finaliser runs between calls) and seals itself with seccomp: no
+# new thread or process, no exec, no ptrace, no signal to another process. Only then
+# does the grader, outside the jail, freeze every other process of the submission and
+# hand over the plans (``execute.SealedWindow``); the child writes one result file per
+# test and exits, and the grader reads and deletes them before anything else runs again.
+
+PLANS = "plans.pt"  # written by the grader into the kernel's folder, once sealed
+BETWEEN = "between.txt"  # the watched names the child saw outside the tests' calls
+
+
+def result_name(index):
+    return f"result_{index}.pt"
+
+
+_SEALED_SYSCALLS = {
+    # (audit arch, {syscall: number}): no thread, process, exec, ptrace or signal
+    "x86_64": (
+        0xC000003E,
+        dict(
+            clone=56, fork=57, vfork=58, execve=59, kill=62, ptrace=101,
+            rt_sigqueueinfo=129, tkill=200, tgkill=234, rt_tgsigqueueinfo=297,
+            process_vm_readv=310, process_vm_writev=311, execveat=322,
+            pidfd_send_signal=424, clone3=435, pidfd_getfd=438,
+        ),
+    ),
+    "aarch64": (
+        0xC00000B7,
+        dict(
+            kill=129, tkill=130, tgkill=131, rt_sigqueueinfo=138, ptrace=117,
+            clone=220, execve=221, rt_tgsigqueueinfo=240, process_vm_readv=270,
+            process_vm_writev=271, execveat=281, pidfd_send_signal=424,
+            clone3=435, pidfd_getfd=438,
+        ),
+    ),
+}  # fmt: skip
+
+
+def seal():
+    """Install the seccomp filter on this process (irreversible; needs no privilege).
+    Raises OSError where the kernel or the architecture does not allow it."""
+    import ctypes
+    import platform
+    import struct
+
+    machine = platform.machine()
+    if machine not in _SEALED_SYSCALLS:
+        raise OSError(f"no seccomp filter for {machine}")
+    arch, numbers = _SEALED_SYSCALLS[machine]
+    load, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06
+    allow, kill = 0x7FFF0000, 0x80000000
+    denied = 0x00050000 | 1  # SECCOMP_RET_ERRNO | EPERM
+    program = [(load, 0, 0, 4), (jeq, 1, 0, arch), (ret, 0, 0, kill), (load, 0, 0, 0)]
+    if machine == "x86_64":  # the x32 ABI's numbers would bypass the list
+        program.append((jge, 0, 1, 0x40000000))
+        program.append((ret, 0, 0, denied))
+    for number in sorted(numbers.values()):
+        program += [(jeq, 0, 1, number), (ret, 0, 0, denied)]
+    program.append((ret, 0, 0, allow))
+    raw = b"".join(struct.pack("HBBI", *step) for step in program)
+    filters = ctypes.create_string_buffer(raw)
+
+    class Program(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+    prog = Program(len(program), ctypes.cast(filters, ctypes.c_void_p))
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl.argtypes = [ctypes.c_int] + [ctypes.c_ulong] * 4
+    libc.prctl.restype = ctypes.c_int
+    if libc.prctl(38, 1, 0, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS
+        raise OSError(ctypes.get_errno(), "PR_SET_NO_NEW_PRIVS")
+    if libc.prctl(22, 2, ctypes.addressof(prog), 0, 0) != 0:  # PR_SET_SECCOMP, FILTER
+        raise OSError(ctypes.get_errno(), "PR_SET_SECCOMP")
+
+
+def _clear_hooks():
+    """Python's tracing, profiling and monitoring hooks, which student code may have left
+    behind to run inside the tests, are removed (audit hooks cannot be: the grader's
+    reading of the code refuses them)."""
+    import gc
+    import sys
+    import threading
+
+    sys.settrace(None)
+    sys.setprofile(None)
+    threading.settrace(None)
+    threading.setprofile(None)
+    monitoring = getattr(sys, "monitoring", None)
+    if monitoring is not None:
+        for tool in range(6):
+            try:
+                monitoring.set_events(tool, 0)
+            except ValueError:
+                pass
+    gc.disable()
+    gc.callbacks.clear()
+
+
+def _silence():
+    """The child must not talk to the kernel's ZeroMQ threads, which it does not have."""
+    import os
+    import sys
+
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    sys.stdout = sys.stderr = open(os.devnull, "w")  # noqa: SIM115
+
+
+def _sealed_child(namespace, folder, wait, watch):
+    import os
+    import time
+
+    _silence()
+    _clear_hooks()
+    try:
+        seal()
+    except Exception as exc:  # the grader sees no sealed child and grades nothing
+        with open(os.path.join(folder, "unsealed"), "w") as f:
+            f.write(f"{type(exc).__name__}: {exc}"[:300])
+        return
+    plans_path = os.path.join(folder, PLANS)
+    deadline = time.monotonic() + wait
+    while not os.path.exists(plans_path):
+        if time.monotonic() > deadline:
+            return
+        time.sleep(0.002)
+    # Watched from before the plans are read until the last result is written: what
+    # runs between the calls (a patched loader, a finaliser) is seen too.
+    between = _Watch(watch, profiler=False)
+    with between:
+        _run_plans(
+            namespace, folder, torch.load(plans_path, weights_only=True), between
+        )
+    with open(os.path.join(folder, BETWEEN), "w") as f:
+        f.write("\n".join(sorted(between.used))[:20000])
+
+
+def _run_plans(namespace, folder, plans, between):
+    import os
+    import signal
+
+    armed = [False]
+
+    def late(signum, frame):
+        if armed[0]:
+            raise TimeoutError("past its time limit")
+
+    signal.signal(signal.SIGALRM, late)
+    kept = []  # the student's objects stay alive until the end: no finaliser runs
+    for index, plan in enumerate(plans["tests"]):
+        between.paused = True
+        # past the limit, and again every 50 ms: a call that swallows the first
+        # interrupt, and the test's later calls, end too
+        armed[0] = True
+        signal.setitimer(signal.ITIMER_REAL, plans["seconds"], 0.05)
+        try:
+            outcomes = run_test(namespace, plan, kept)
+        except BaseException as exc:  # a timeout between two calls, say
+            outcomes = [{"error": _describe(exc)}]
+        finally:
+            armed[0] = False
+            signal.setitimer(signal.ITIMER_REAL, 0)
+        between.paused = False
+        partial = os.path.join(folder, result_name(index) + ".part")
+        torch.save(outcomes, partial)
+        os.rename(partial, os.path.join(folder, result_name(index)))
+
+
+def run_sealed(namespace, folder, wait=60.0, watch=()):
+    """The kernel-side entry point: fork the sealed child that runs the hidden tests on
+    ``namespace`` (the student's) and wait for it. ``watch``: what to record outside
+    the tests' calls while the plans are in the child."""
+    import os
+
+    child = os.fork()
+    if child == 0:
+        try:
+            _sealed_child(namespace, folder, wait, watch)
+        finally:
+            os._exit(0)
+    os.waitpid(child, 0)

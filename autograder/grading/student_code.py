@@ -3,6 +3,7 @@ cells, and the course's cells that the student notebook came with."""
 
 from __future__ import annotations
 
+import copy
 import functools
 from dataclasses import dataclass, field
 
@@ -22,7 +23,7 @@ def _given_cells(chapter: str) -> tuple[tuple[str, bool], ...]:
     """The released notebook's code cells other than the exercises (the course's own),
     as (source, tagged ``demo``): read once per process, not once per notebook."""
     try:
-        release = nbformat.read(release_notebook(chapter), as_version=4)
+        release = _release(chapter)
     except OSError:
         return ()
     return tuple(
@@ -31,6 +32,27 @@ def _given_cells(chapter: str) -> tuple[tuple[str, bool], ...]:
         if c.cell_type == "code"
         and not c.get("metadata", {}).get("nbgrader", {}).get("solution", False)
     )
+
+
+def is_course_cell(cell) -> bool:
+    """A read-only cell of the course's (imports, helpers, visible checks, demos): not
+    an exercise's, not a test cell."""
+    meta = cell.get("metadata", {}).get("nbgrader", {})
+    return bool(meta.get("locked")) and not (meta.get("solution") or meta.get("grade"))
+
+
+@functools.cache
+def _release(chapter: str):
+    return nbformat.read(release_notebook(chapter), as_version=4)
+
+
+def course_cells(chapter: str) -> list:
+    """The released notebook's cells that carry a grade id, in order (a copy)."""
+    return [
+        copy.deepcopy(c)
+        for c in _release(chapter).cells
+        if c.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+    ]
 
 
 def given_sources(chapter: str) -> list[str]:
@@ -55,8 +77,9 @@ class StudentCode:
 
     @classmethod
     def of_notebook(cls, nb, chapter: str) -> StudentCode:
-        """Every code cell that runs (test cells never do) except the course's unchanged
-        ones."""
+        """The student's own code: every code cell that runs (test cells never do) but
+        the course's, unchanged (grading restores them first: ``grade.restored``).
+        A student's copy of a course cell, unchanged, is the course's code too."""
         given = given_sources(chapter)
         unchanged = set(given)
         cells = [

@@ -270,6 +270,7 @@ class Sandbox:
             "kernel_dir": str(kernel_dir),
             "connection_file": str(kernel_dir / "kernel.json"),
             "status_file": str(self._status_file(kernel_dir)),
+            "pid_file": str(self._pid_file(kernel_dir)),
         }
         command = [
             sys.executable,
@@ -285,15 +286,21 @@ class Sandbox:
             ip=str(kernel_dir / "ipc"),
             connection_file=request["connection_file"],
         )
+        km.kernel_pid = lambda: _read_pid(self._pid_file(kernel_dir))
         try:
             yield km, kernel_dir
         finally:
             stop_kernel(km)
             remove_tree(kernel_dir)
             self._status_file(kernel_dir).unlink(missing_ok=True)
+            self._pid_file(kernel_dir).unlink(missing_ok=True)
 
     def _status_file(self, kernel_dir: Path) -> Path:
         return self.base / "status" / f"{kernel_dir.name}.json"
+
+    def _pid_file(self, kernel_dir: Path) -> Path:
+        """Where the zygote notes the kernel's process id (outside the jail)."""
+        return self.base / "status" / f"{kernel_dir.name}.pid"
 
     def end(self, km: AsyncKernelManager, kernel_dir: Path) -> KernelEnd:
         """Stop the kernel (if it still runs) and say how it ended."""
@@ -326,6 +333,13 @@ class Sandbox:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _read_pid(path: Path) -> int | None:
+    try:
+        return int(path.read_text())
+    except (OSError, ValueError):
+        return None
 
 
 def remove_tree(path: Path) -> None:

@@ -577,15 +577,23 @@ def serve_one(conn, request, config):
     JSON."""
     die_with_parent()
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # this process waits for its kernel
+    # for the grader's sealed window: opened now, since the kernel's pivot into its new
+    # root will take this process's view of the grader's folders away too
+    pid_file = os.open(
+        request["pid_file"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600
+    )
     isolate()
     kernel = os.fork()
     if kernel == 0:
         die_with_parent()
         conn.close()
+        os.close(pid_file)
         _start_kernel(request, config)
 
     # No threads here: a process that unshared its PID namespace may not create any.
     pidfd = os.pidfd_open(kernel)
+    os.write(pid_file, str(kernel).encode())
+    os.close(pid_file)
     watch = Watch(config["memory"]) if config["memory"] else None
     scratch = Scratch(request["kernel_dir"], config["kernel_dir"])
     killed_by = None  # who among us ended the kernel, if anyone did
