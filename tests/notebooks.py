@@ -89,6 +89,11 @@ def scores_by_test(result):
 
 def run_cells(sandbox, *sources):
     """Run cells in a fresh jailed kernel; returns each cell's printed text or error."""
+    return run_cells_to_end(sandbox, *sources)[0]
+
+
+def run_cells_to_end(sandbox, *sources):
+    """``run_cells``, and how the kernel ended (``KernelEnd``: its peak memory)."""
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(s) for s in sources])
     with sandbox.kernel() as (km, workdir):
         client = NotebookClient(
@@ -96,6 +101,7 @@ def run_cells(sandbox, *sources):
             resources={"metadata": {"path": str(workdir)}},
         )  # fmt: skip
         client.execute()
+        end = sandbox.end(km, workdir)
     texts = []
     for cell in client.nb.cells:
         texts.append(
@@ -104,7 +110,7 @@ def run_cells(sandbox, *sources):
                 for o in cell.outputs
             )
         )
-    return texts
+    return texts, end
 
 
 # What an honest student's notebook holds besides the answers: scratch cells of their
@@ -144,3 +150,46 @@ def honest_notebook(chapter: str):
     nb.cells[first:first] = [nbformat.v4.new_code_cell(s) for s in COLAB_CELLS]
     nb.cells += [nbformat.v4.new_code_cell(s) for s in SCRATCH_CELLS]
     return nb
+
+
+_HOGS = {
+    # SysV segments, detached: no process maps them
+    "sysv": """
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+libc.shmat.restype = ctypes.c_void_p
+for _ in range({chunks}):
+    segment = libc.shmget(0, 100 * 2**20, 0o1000 | 0o600)
+    address = libc.shmat(segment, None, 0)
+    ctypes.memset(address, 1, 100 * 2**20)
+    libc.shmdt(ctypes.c_void_p(address))
+""",
+    # memfd files held only by a descriptor
+    "memfd": """
+import os
+held = []
+for _ in range({chunks}):
+    held.append(os.memfd_create("hog"))
+    for _ in range(100):
+        os.write(held[-1], b"x" * 2**20)
+""",
+    # files in the jail's tmpfs mounts
+    "tmpfs": """
+for i in range({chunks}):
+    with open(f"{{('/dev/shm', '/tmp', '/submission')[i % 3]}}/hog{{i}}", "wb") as f:
+        for _ in range(100):
+            f.write(b"x" * 2**20)
+""",
+    # shared anonymous memory, mapped
+    "mmap": """
+import mmap
+held = mmap.mmap(-1, {chunks} * 100 * 2**20)
+for i in range(0, len(held), 4096):
+    held[i] = 1
+""",
+}
+
+
+def memory_hog(form: str, mb: int) -> str:
+    """A cell that holds ``mb`` MB (a multiple of 100) as ``form`` for two seconds."""
+    return _HOGS[form].format(chunks=mb // 100) + "import time; time.sleep(2)\n"

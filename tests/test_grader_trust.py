@@ -20,7 +20,13 @@ from autograder.grading.limits import Limits
 from autograder.grading.preflight import prove
 from autograder.grading.sandbox import Sandbox, SandboxUnavailable
 from autograder.grading.sandbox.diagnose import APPARMOR_PROFILE, cause
-from tests.notebooks import release_notebook, run_cells, student_notebook, write
+from tests.notebooks import (
+    memory_hog,
+    release_notebook,
+    run_cells,
+    student_notebook,
+    write,
+)
 
 pytestmark = pytest.mark.slow
 CHAPTER = "03_self_attention"
@@ -193,6 +199,35 @@ def test_an_ordinary_users_grader_passes_the_check():
     assert "grader: uid 1000" in run.stdout and "ready to grade" in run.stdout
 
 
+_LOCKED_KERNEL_DIR = """
+import os
+from autograder.grading.sandbox import Sandbox
+with Sandbox() as sandbox:
+    with sandbox.kernel() as (km, kernel_dir):
+        os.makedirs(kernel_dir / "locked" / "inner")
+        os.chmod(kernel_dir / "locked", 0)
+    print("left behind" if os.path.lexists(kernel_dir) else "removed")
+print("left behind" if os.path.lexists(sandbox.base) else "removed")
+"""
+
+
+@pytest.mark.skipif(
+    os.getuid() != 0 or shutil.which("unshare") is None,
+    reason="needs root to map an ordinary uid for the grader",
+)
+def test_an_ordinary_users_grader_leaves_no_kernel_directory_behind():
+    """A kernel may make a folder of its kernel directory unreadable (``chmod 0``),
+    which stops an ordinary user's ``rmtree``: it is still removed."""
+    run = subprocess.run(
+        ["unshare", "--user", "--map-user=1000", "--map-group=1000", sys.executable,
+         "-c", _LOCKED_KERNEL_DIR],
+        cwd=paths.REPO, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "PYTHONPATH": str(paths.REPO)},
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.split() == ["removed", "removed"], run.stdout
+
+
 HOG = """
 import os, time
 children = []
@@ -223,6 +258,51 @@ def test_memory_holds_for_a_submissions_processes_together(tmp_path):
     # flagged for review on the tests that forbid delegation, so the hog's score is not 10)
     assert results[0]["graded"], results[0]["message"]
     assert "held more than 3000 MB" in results[0]["message"]
+    assert results[1]["score"] == 10.0, results[1]
+    assert results[1]["message"] == "", results[1]
+
+
+def test_memory_held_in_any_form_holds_the_limit(tmp_path):
+    """Shared memory that no process maps (SysV segments, memfd files, tmpfs files) past
+    the limit: the kernel is killed for memory and its peak says what it held."""
+    hogs = [
+        write(
+            _with_first_cell(student_notebook(CHAPTER), memory_hog(form, 1200)),
+            tmp_path / f"{form}.ipynb",
+        )
+        for form in ("sysv", "memfd", "tmpfs")
+    ]
+    limits = Limits(memory_mb=1024, disk="2g")
+    results = list(grade_many(hogs, CHAPTER, jobs=2, seed=1, limits=limits))
+    for result in results:
+        assert result["graded"], result["message"]
+        assert "held more than 1024 MB" in result["message"], result
+        assert result["peak_mb"] >= 1024, result
+
+
+FILLER = """
+import os
+from ipykernel.connect import get_connection_file
+folder = os.path.dirname(get_connection_file())
+for i in range(3):
+    with open(os.path.join(folder, f"filler{i}"), "wb") as f:
+        for _ in range(200):
+            f.write(b"x" * 2**20)
+print("wrote 600 MB")
+import time; time.sleep(2)  # a page cache may take it all before the next check
+"""
+
+
+def test_a_kernel_that_fills_its_kernel_directory_is_stopped(tmp_path):
+    """The kernel directory lies on the grader's disk: a kernel writing hundreds of MB
+    there is killed, and its neighbour in the batch never notices."""
+    filler = write(
+        _with_first_cell(student_notebook(CHAPTER), FILLER), tmp_path / "filler.ipynb"
+    )
+    right = write(student_notebook(CHAPTER), tmp_path / "right.ipynb")
+    results = list(grade_many([filler, right], CHAPTER, jobs=2, seed=1))
+    assert results[0]["graded"], results[0]["message"]
+    assert "the kernel died while running code cell 1" in results[0]["message"]
     assert results[1]["score"] == 10.0, results[1]
     assert results[1]["message"] == "", results[1]
 

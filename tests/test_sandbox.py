@@ -1,11 +1,13 @@
 """The sandbox's guarantees, checked from inside a jailed kernel."""
 
+import threading
+
 import pytest
 
 from autograder import paths
 from autograder.grading.limits import Limits
 from autograder.grading.sandbox import Sandbox
-from tests.notebooks import run_cells
+from tests.notebooks import memory_hog, run_cells, run_cells_to_end
 
 pytestmark = pytest.mark.slow
 
@@ -78,3 +80,63 @@ def test_pytorch_works_and_is_preloaded(sandbox):
         "import torch; print(float((torch.ones(64, 64) @ torch.ones(64, 64))[0, 0]))",
     )
     assert out.split() == ["True", "64.0"]
+
+
+def test_no_route_out_but_its_own_loopback_works(sandbox):
+    (out,) = run_cells(
+        sandbox,
+        "import socket\nserver = socket.create_server(('127.0.0.1', 0))\n"
+        "socket.create_connection(server.getsockname(), timeout=3); print('local ok')\n"
+        "try:\n    socket.create_connection(('1.1.1.1', 53), timeout=3)\n"
+        "    print('open')\nexcept OSError as exc:\n    print('closed', exc)",
+    )
+    assert out.startswith("local ok\nclosed"), out
+
+
+SEGMENT = """
+import ctypes
+libc = ctypes.CDLL(None, use_errno=True)
+print(libc.shmget(0x5EED, 2**20, {flags}), open('/proc/sysvipc/shm').read().count('\\n'))
+"""
+
+
+def test_sysv_segments_end_with_their_kernel(sandbox):
+    (made,) = run_cells(sandbox, SEGMENT.format(flags="0o1000 | 0o666"))
+    (seen,) = run_cells(sandbox, SEGMENT.format(flags="0"))
+    assert made.split() == ["0", "2"]  # made: a heading and one segment
+    assert seen.split() == ["-1", "1"]  # the next kernel has none
+
+
+LISTENER = """
+import socket, time
+server = socket.socket(socket.AF_UNIX)
+server.bind(b"\\0course-isolation-test"); server.listen()
+time.sleep(20)
+"""
+
+CALLER = """
+import socket, time
+deadline, said = time.monotonic() + 12, "refused"
+while time.monotonic() < deadline and said == "refused":
+    try:
+        socket.socket(socket.AF_UNIX).connect(b"\\0course-isolation-test")
+        said = "connected"
+    except OSError:
+        time.sleep(0.2)
+print(said)
+"""
+
+
+def test_kernels_running_together_share_no_abstract_socket(sandbox):
+    listener = threading.Thread(target=run_cells, args=(sandbox, LISTENER))
+    listener.start()
+    (said,) = run_cells(sandbox, CALLER)
+    listener.join()
+    assert said.strip() == "refused"
+
+
+@pytest.mark.parametrize("form", ["sysv", "memfd", "tmpfs", "mmap"])
+def test_memory_in_any_form_counts_in_the_peak(sandbox, form):
+    (out,), end = run_cells_to_end(sandbox, memory_hog(form, 600))
+    assert out == "", out
+    assert end.peak_mb >= 600 and not end.killed_for_memory_mb, end

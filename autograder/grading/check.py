@@ -77,8 +77,10 @@ def check(limits: Limits) -> int:
             first, count = sandbox.kernel_ids
             say(f"ok   run as root: kernels run as uids {first}..{first + count - 1}")
         say(
-            f"ok   limits per submission: {limits.memory_mb} MB for all its processes "
-            f"together (summed every {limits.watch_period:g} s), {limits.processes} "
+            f"ok   limits per submission: {limits.memory_mb} MB for all it holds "
+            f"together (processes, tmpfs files, shared memory; summed every "
+            f"{limits.watch_period:g} s), {limits.kernel_dir_mb} MB in its kernel "
+            f"directory, {limits.processes} "
             f"processes and threads, {limits.cell:g} s per cell, {limits.notebook:g} s in all"
         )
         say(f"     inside a kernel: {_inside(sandbox, limits)}")

@@ -13,15 +13,20 @@ class Limits:
     test: float = 30.0  # one hidden test's calls of the student's code
     startup: float = 60.0  # starting a kernel
     # space
-    # memory of all a submission's processes together (the sandbox's watch kills the
-    # largest past it) and the address space of each (RLIMIT_AS; past it, MemoryError)
+    # all the memory a submission holds together, its processes', tmpfs files' and shared
+    # memory's (the sandbox's watch kills the largest process past it, or the kernel),
+    # and the address space of each process (RLIMIT_AS; past it, MemoryError)
     memory_mb: int = 8192
     output_mb: float = (
         10.0  # text and images a cell may print; past it, it is interrupted
     )
-    disk: str = "256m"  # size of each of /submission, /tmp and /dev/shm (tmpfs)
+    # size of each of /submission, /tmp and /dev/shm (tmpfs: it counts as memory too)
+    disk: str = "256m"
     file_mb: int = 256  # largest file the kernel may write (RLIMIT_FSIZE)
     result_mb: int = 256  # largest result file the grader will read back
+    # all a kernel may write to its kernel directory, on the grader's disk (its result
+    # files, its log): past it, or past 4096 files, the kernel is killed
+    kernel_dir_mb: int = 256
     processes: int = 256  # processes and threads of one submission (RLIMIT_NPROC)
     watch_period: float = 0.2  # seconds between two samples of a submission's memory
     # PyTorch and OpenMP threads per kernel; keep jobs x threads <= cores

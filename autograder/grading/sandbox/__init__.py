@@ -2,23 +2,42 @@
 
 Guarantee (Linux with unprivileged user namespaces, as on Debian, Ubuntu and Fedora):
 a student's kernel sees a root filesystem made only of the system's read-only directories
-(``/usr``, a few files of ``/etc``), the read-only Python installation and its packages, an
-empty 256 MB ``/submission`` (its working directory, ``HOME``) and ``/tmp``, and its own
-kernel directory (ZeroMQ sockets and the probe's plan and result files). The course
+(``/usr``, a few files of ``/etc``), the read-only Python installation and its packages,
+an empty ``/submission`` (its working directory, ``HOME``), ``/tmp`` and ``/dev/shm``
+(private tmpfs mounts of ``Limits.disk`` each) and its own kernel directory (ZeroMQ
+sockets and the probe's plan and result files, on the grader's disk). The course
 repository (``solutions/``, the hidden tests, the instructor notebooks, the gradebook),
 other students' submissions and kernels, and the rest of the disk are not in that root.
-It has no network (an empty network namespace), sees only its own processes (a PID
-namespace: they all die with the kernel), cannot unmount or remount what it was given
-(the mounts are locked by a further user namespace), and runs under memory, file-size and
-time limits: the memory of all its processes together (``Watch`` in ``zygote.py``), the
-number of its processes (RLIMIT_NPROC, counted per kernel) and, per process, its address
-space and file sizes. Run by an ordinary user, it has that user's uid outside the
-namespaces: files it could reach would be written as that user, which is why it reaches
-none but its own. Run by root, each kernel runs as an unprivileged uid of its own
-(``Limits.kernel_uid`` onwards), outside the namespaces too.
 
-What it does not promise: protection against kernel exploits, or against a student using
-their time limit to burn CPU (their processes all end with their kernel). Where the jail
+Each kernel has namespaces of its own: PID (it sees only its own processes, which all
+die with it), IPC (its SysV segments and message queues end with it and are seen by no
+other kernel), network (only its loopback, up: it may serve on 127.0.0.1 to itself, but
+reaches nothing outside, and no abstract unix socket or port of another kernel) and
+hostname. It cannot unmount or remount what it was given (the mounts are locked by a
+further user namespace, or by dropping to an unprivileged uid).
+
+It runs under memory, disk, file-size and time limits. ``Limits.memory_mb`` holds for all
+the memory it holds in any form, measured from outside the jail every
+``Limits.watch_period`` seconds (``Watch`` in ``zygote.py``): its processes' anonymous
+and file-backed memory, shared memory they map, files in its tmpfs mounts, its SysV
+segments and its memfd files, each counted once; the reported peak includes all of it.
+Past the limit the largest process is killed, a forked child before the kernel, and the
+kernel itself when shared memory (which no other death frees) is past it. What it writes
+to its kernel directory is capped at ``Limits.kernel_dir_mb`` (and 4096 files, checked
+at the same pace; past it the kernel is killed), and the directory is deleted when the
+kernel ends, along with its processes, tmpfs mounts and IPC namespace: nothing it made
+survives it. The number of its processes (RLIMIT_NPROC, counted per kernel) and, per
+process, its address space and file sizes are limited too. Between two samples a kernel
+may overshoot a limit by what it can allocate or write in that time. Run by an ordinary
+user, it has that user's uid outside the namespaces: files it could reach would be
+written as that user, which is why it reaches none but its own. Run by root, each kernel
+runs as an unprivileged uid of its own (``Limits.kernel_uid`` onwards), outside the
+namespaces too.
+
+What it does not promise: protection against kernel exploits, against a student using
+their time limit to burn CPU (their processes all end with their kernel), or a count of
+the memory the Linux kernel holds on a kernel's behalf (socket and pipe buffers, page
+tables, POSIX message queues, which RLIMIT_MSGQUEUE caps). Where the jail
 cannot start, ``diagnose.py`` says why and how to fix it, and nothing is graded unless
 ``--no-sandbox`` is given (then student code runs as the grader's user with only a
 scrubbed environment: acceptable for your own tests, not for untrusted submissions).
@@ -158,8 +177,10 @@ class KernelEnd:
 
     exit_code: int | None = None
     signal: int | None = None
-    killed_by: str | None = None  # "grader" (a limit, the end of grading) or "memory"
-    peak_mb: float | None = None  # the most its processes held together
+    # "grader" (a limit, the end of grading), "memory", or "disk" (it wrote more than
+    # ``Limits.kernel_dir_mb`` to its kernel directory)
+    killed_by: str | None = None
+    peak_mb: float | None = None  # the most it held together, in any form
     killed_for_memory_mb: list[float] = field(default_factory=list)
     lost: bool = False  # no report: the zygote's child or the launcher was killed
     log: str = ""  # the kernel's own output before IPython took over, and the zygote's
@@ -209,6 +230,7 @@ class Sandbox:
             "memory": self.limits.memory_mb * 2**20,
             "disk": self.limits.disk,
             "file_size": self.limits.file_mb * 2**20,
+            "kernel_dir": self.limits.kernel_dir_mb * 2**20,
             "processes": self.limits.processes,
             "threads": self.limits.threads,
             "kernel_ids": self.kernel_ids,
@@ -269,7 +291,7 @@ class Sandbox:
             yield km, kernel_dir
         finally:
             stop_kernel(km)
-            shutil.rmtree(kernel_dir, ignore_errors=True)
+            remove_tree(kernel_dir)
             self._status_file(kernel_dir).unlink(missing_ok=True)
             self._pid_file(kernel_dir).unlink(missing_ok=True)
 
@@ -304,7 +326,7 @@ class Sandbox:
         if self.process.poll() is None:
             os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait()
-        shutil.rmtree(self.base, ignore_errors=True)
+        remove_tree(self.base)
 
     def __enter__(self) -> Sandbox:
         return self
@@ -318,6 +340,25 @@ def _read_pid(path: Path) -> int | None:
         return int(path.read_text())
     except (OSError, ValueError):
         return None
+
+
+def remove_tree(path: Path) -> None:
+    """Delete a folder a kernel wrote to, whatever it did there: folders it made
+    unreadable (``chmod 0``, which stops an ordinary user's ``rmtree``) are opened up
+    first; symlinks are removed, never followed. Called once its kernel has ended."""
+    try:
+        os.chmod(path, 0o700)
+    except OSError:
+        pass
+    for folder, subfolders, _ in os.walk(path):  # top-down: opened before it is read
+        for name in subfolders:
+            inner = os.path.join(folder, name)
+            if not os.path.islink(inner):
+                try:
+                    os.chmod(inner, 0o700)
+                except OSError:
+                    pass
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def _launcher(km: AsyncKernelManager):

@@ -7,18 +7,22 @@ the course is imported here. Steps:
 1. Enter a new user namespace (mapped to the grader's own uid) and an empty network
    namespace: no network for anything forked from here.
 2. Import PyTorch, NumPy, Matplotlib and ipykernel once (the expensive part of a kernel).
-3. For each request on SOCKET, fork. The child enters new mount and PID namespaces and forks
-   the kernel, which becomes PID 1 there (when it exits, every process the student started
+3. For each request on SOCKET, fork. The child enters new mount, PID, IPC, network (only
+   its own loopback, up) and hostname namespaces and forks the kernel, which becomes PID 1
+   there (when it exits, every process the student started
    dies with it). The kernel builds a new root of read-only system and Python directories,
    its own kernel directory (read-write, for ZeroMQ's sockets and the probe's files) and
    small private tmpfs folders, pivots into it, drops the old root, locks those mounts by
    entering one more user namespace, applies resource limits, scrubs the environment and
    starts an IPython kernel. The course repository, other submissions, the gradebook and
    the rest of the disk are not in its root at all.
-4. The child relays the launcher's signals to the kernel and reports the kernel's exit.
+4. The child relays the launcher's signals to the kernel, watches the memory its kernel
+   holds in any form and what it writes to its kernel directory, and reports the kernel's
+   exit. The kernel's end frees its IPC namespace and tmpfs mounts with it.
 """
 
 import ctypes
+import fcntl
 import json
 import os
 import platform
@@ -26,6 +30,7 @@ import resource
 import select
 import signal
 import socket
+import struct
 import sys
 
 CLONE_NEWNS = 0x00020000
@@ -42,6 +47,8 @@ SYS_PIVOT_ROOT = {"x86_64": 155, "aarch64": 41}
 
 PR_SET_PDEATHSIG = 1
 PR_SET_DUMPABLE = 4
+SIOCGIFFLAGS, SIOCSIFFLAGS, IFF_UP = 0x8913, 0x8914, 0x1
+SHM_INFO = 14
 
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -78,7 +85,8 @@ def _write(path, text):
 
 def enter_namespaces(config):
     """A new user namespace (plus empty network, IPC and hostname namespaces) for the
-    zygote and every kernel it forks. An ordinary user maps only itself (as root inside);
+    zygote; each kernel gets IPC, network and hostname namespaces of its own on top
+    (``isolate``). An ordinary user maps only itself (as root inside);
     root maps itself and the range of unprivileged ids its kernels will run as. A map of
     more than one's own id must be written from outside the new namespace: by a child
     forked before it, which still has root's rights."""
@@ -320,19 +328,50 @@ def _start_kernel(request, config):
 
 
 _PAGE = os.sysconf("SC_PAGE_SIZE")
+_SMALL = 2**20  # shared memory a process maps below this is counted twice, not sought
+_TMPFS = (
+    "/tmp",
+    "/dev/shm",
+    "/submission",
+)  # the jail's writable, memory-backed places
 
 
-def _memory_of(pid):
-    """Bytes a process holds: its proportional share of resident memory (pages shared
-    with the zygote or with its own forks count once in all), or, where smaps cannot be
-    read, its resident size."""
+class _ShmInfo(ctypes.Structure):
+    _fields_ = [
+        ("used_ids", ctypes.c_int),
+        ("shm_tot", ctypes.c_ulong),
+        ("shm_rss", ctypes.c_ulong),
+        ("shm_swp", ctypes.c_ulong),
+        ("swap_attempts", ctypes.c_ulong),
+        ("swap_successes", ctypes.c_ulong),
+    ]
+
+
+def _shm_device():
+    """The device of the kernel's internal shmem mount, where memfd files, SysV segments
+    and shared anonymous memory live (learnt from a memfd of our own)."""
+    fd = os.memfd_create("probe")
+    try:
+        return os.fstat(fd).st_dev
+    finally:
+        os.close(fd)
+
+
+def _rollup(pid):
+    """A process's smaps_rollup as {field: bytes}; empty where it cannot be read."""
+    fields = {}
     try:
         with open(f"/proc/{pid}/smaps_rollup", "rb") as f:
             for line in f:
-                if line.startswith(b"Pss:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
+                name, _, rest = line.partition(b":")
+                if rest.strip().endswith(b"kB"):
+                    fields[name.decode()] = int(rest.split()[0]) * 1024
+    except (OSError, ValueError):
         pass
+    return fields
+
+
+def _statm(pid):
     try:
         with open(f"/proc/{pid}/statm", "rb") as f:
             return int(f.read().split()[1]) * _PAGE
@@ -340,32 +379,163 @@ def _memory_of(pid):
         return 0
 
 
+def _unlisted_shmem(pid, shm_dev, counted):
+    """Bytes of the internal shmem a process maps that nothing else counts: shared
+    anonymous memory, a memfd whose descriptor was closed. Its SysV segments and the
+    open files in ``counted`` are counted once elsewhere; tmpfs files have their own
+    device."""
+    total, take = 0, False
+    try:
+        with open(f"/proc/{pid}/smaps", "rb") as f:
+            for line in f:
+                head = line.split(None, 5)
+                if b"-" in head[0] and len(head) >= 5:  # a mapping's first line
+                    major, minor = (int(x, 16) for x in head[3].split(b":"))
+                    path = head[5] if len(head) > 5 else b""
+                    take = (
+                        os.makedev(major, minor) == shm_dev
+                        and not path.startswith(b"/SYSV")
+                        and (shm_dev, int(head[4])) not in counted
+                    )
+                elif take and head[0] == b"Pss:":
+                    total += int(head[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return total
+
+
+def _memory_of(pid, shm_dev, counted):
+    """Bytes a process holds: its proportional share (pages shared with the zygote or
+    with its own forks count once in all) of anonymous and file-backed memory, plus the
+    shared memory it maps that is not counted elsewhere. Without the split (old kernels):
+    its whole Pss, or its resident size."""
+    fields = _rollup(pid)
+    if "Pss_Anon" not in fields:
+        return fields.get("Pss") or _statm(pid)
+    shmem = fields.get("Pss_Shmem", 0)
+    if shmem >= _SMALL:
+        shmem = _unlisted_shmem(pid, shm_dev, counted)
+    return fields["Pss_Anon"] + fields.get("Pss_File", 0) + shmem
+
+
+def _tmpfs_used():
+    """Bytes in the jail's tmpfs mounts, open, deleted or mapped (this process shares
+    the kernel's pivoted root)."""
+    seen, used = set(), 0
+    for path in _TMPFS:
+        try:
+            if os.stat(path).st_dev in seen:
+                continue
+            seen.add(os.stat(path).st_dev)
+            st = os.statvfs(path)
+        except OSError:
+            continue
+        used += (st.f_blocks - st.f_bfree) * st.f_frsize
+    return used
+
+
+def _sysv_shm():
+    """Bytes of the SysV shared memory segments of this IPC namespace (the kernel's),
+    attached or not."""
+    info = _ShmInfo()
+    if _libc.shmctl(0, SHM_INFO, ctypes.byref(info)) < 0:
+        return 0
+    return (info.shm_rss + info.shm_swp) * _PAGE
+
+
+def _open_files(pids):
+    """{(device, inode): (link, size)} of the memfd and deleted files the processes hold
+    open: memory or disk that no path leads to."""
+    found = {}
+    for pid in pids:
+        try:
+            fds = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            path = f"/proc/{pid}/fd/{fd}"
+            try:
+                link = os.readlink(path)
+                if "memfd:" not in link and not link.endswith(" (deleted)"):
+                    continue
+                st = os.stat(path)
+            except OSError:
+                continue
+            found[st.st_dev, st.st_ino] = (link, st.st_blocks * 512)
+    return found
+
+
 class Watch:
-    """The submission's processes together: their memory, summed every ``period``
-    seconds. Past the limit the largest of them is killed (a forked child before the
-    kernel), until the rest fit. The kernel mounted ``/proc`` for its own PID namespace
-    and pivoted this process's root too, so ``/proc`` here lists exactly its processes."""
+    """All the memory the submission holds, summed every ``period`` seconds: its
+    processes' own memory, its tmpfs files, its SysV segments (this process is in the
+    kernel's IPC namespace) and its memfd files, each counted once. Past the limit the
+    largest process is killed (a forked child before the kernel), until the rest fit;
+    the kernel at once when shared memory alone (which no other death frees) is past it.
+    The kernel mounted ``/proc`` for its own PID namespace and pivoted this process's
+    root too, so ``/proc`` here lists exactly its processes and ``/tmp`` is its own."""
 
     def __init__(self, limit):
         self.limit = limit
         self.peak = 0
         self.killed = []  # (pid, bytes) of the processes killed for memory
+        self.shm_dev = _shm_device()
+        self.open = {}  # the last sample's open files (``Scratch`` reads them too)
 
     def sample(self):
         if os.path.exists("/proc/self"):
             return  # the host's /proc: the kernel has not mounted its own yet
-        sizes = {}
-        for entry in os.listdir("/proc"):
-            if entry.isdigit():
-                sizes[entry] = _memory_of(entry)
-        total = sum(sizes.values())
+        pids = [entry for entry in os.listdir("/proc") if entry.isdigit()]
+        self.open = _open_files(pids)
+        memfds = {k: v for k, v in self.open.items() if k[0] == self.shm_dev}
+        sizes = {pid: _memory_of(pid, self.shm_dev, memfds) for pid in pids}
+        shared = _tmpfs_used() + _sysv_shm() + sum(b for _, b in memfds.values())
+        total = sum(sizes.values()) + shared
         self.peak = max(self.peak, total)
         while total > self.limit and sizes:
             # the kernel (PID 1 in its namespace) last: a forked child goes first
             pid = max(sizes, key=lambda p: (p != "1", sizes[p]))
+            if shared > self.limit:
+                pid = "1"  # its end frees its IPC namespace and tmpfs mounts
             _kill_listed(pid)
-            self.killed.append((pid, sizes[pid]))
+            self.killed.append((pid, total if pid == "1" else sizes[pid]))
+            if pid == "1":
+                return
             total -= sizes.pop(pid)
+
+
+class Scratch:
+    """What the kernel wrote to its kernel directory (on the grader's disk, writable
+    because ZeroMQ's sockets live there): its files, and those it deleted but holds
+    open. Past ``limit`` bytes or ``entries`` files, ``over`` says so."""
+
+    def __init__(self, kernel_dir, limit, entries=4096):
+        self.kernel_dir, self.limit, self.entries = kernel_dir, limit, entries
+
+    def over(self, open_files):
+        deleted = sum(
+            size
+            for link, size in open_files.values()
+            if link.startswith(self.kernel_dir + "/")
+        )
+        size, count = _tree_size(self.kernel_dir, self.entries)
+        return size + deleted > self.limit or count > self.entries
+
+
+def _tree_size(folder, most):
+    """(bytes, entries) under ``folder``, symlinks not followed; stops past ``most``."""
+    size, count, todo = 0, 0, [folder]
+    while todo and count <= most:
+        try:
+            with os.scandir(todo.pop()) as entries:
+                for entry in entries:
+                    count += 1
+                    st = entry.stat(follow_symlinks=False)
+                    size += st.st_blocks * 512
+                    if entry.is_dir(follow_symlinks=False):
+                        todo.append(entry.path)
+        except OSError:
+            pass
+    return size, count
 
 
 def _kill_listed(pid):
@@ -383,10 +553,28 @@ def _kill_listed(pid):
         os.close(fd)
 
 
+def loopback_up():
+    """Bring up ``lo`` of this network namespace: a kernel may serve on 127.0.0.1."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        request = struct.pack("16sh22x", b"lo", 0)
+        (_, flags) = struct.unpack("16sh22x", fcntl.ioctl(s, SIOCGIFFLAGS, request))
+        fcntl.ioctl(s, SIOCSIFFLAGS, struct.pack("16sh22x", b"lo", flags | IFF_UP))
+
+
+def isolate():
+    """This kernel's own namespaces: mount and PID (its processes), IPC (its SysV
+    segments and message queues, which end with it), network (only its loopback: no
+    abstract unix socket or port of another kernel is reachable) and hostname."""
+    flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWNET | CLONE_NEWUTS
+    _unshare(flags, "mount, pid, IPC, network and hostname")
+    loopback_up()
+
+
 def serve_one(conn, request, config):
-    """In the forked child: new mount and PID namespaces, then the kernel as PID 1. Here
-    the kernel's signals are relayed, its processes' memory watched, and how it ended
-    reported to the launcher as one line of JSON."""
+    """In the forked child: the kernel's own namespaces, then the kernel as PID 1. Here
+    the kernel's signals are relayed, the memory it holds and what it writes to its
+    kernel directory watched, and how it ended reported to the launcher as one line of
+    JSON."""
     die_with_parent()
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # this process waits for its kernel
     # for the grader's sealed window: opened now, since the kernel's pivot into its new
@@ -394,7 +582,7 @@ def serve_one(conn, request, config):
     pid_file = os.open(
         request["pid_file"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600
     )
-    _unshare(CLONE_NEWNS | CLONE_NEWPID, "mount, pid")
+    isolate()
     kernel = os.fork()
     if kernel == 0:
         die_with_parent()
@@ -407,6 +595,7 @@ def serve_one(conn, request, config):
     os.write(pid_file, str(kernel).encode())
     os.close(pid_file)
     watch = Watch(config["memory"]) if config["memory"] else None
+    scratch = Scratch(request["kernel_dir"], config["kernel_dir"])
     killed_by = None  # who among us ended the kernel, if anyone did
     while True:
         readable, _, _ = select.select([conn, pidfd], [], [], config["watch_period"])
@@ -419,6 +608,14 @@ def serve_one(conn, request, config):
                 pass
             if watch.killed and watch.killed[-1][0] == "1":
                 killed_by = killed_by or "memory"
+        if killed_by is None and scratch.over(watch.open if watch else {}):
+            killed_by = "disk"
+            _kill(kernel, signal.SIGKILL)
+            _note(
+                request,
+                f"the kernel wrote more than {scratch.limit // 2**20} MB "
+                f"or {scratch.entries} files to its kernel directory: killed",
+            )
         if conn not in readable:
             continue
         try:
@@ -448,6 +645,15 @@ def serve_one(conn, request, config):
     except OSError:
         pass
     os._exit(0)
+
+
+def _note(request, text):
+    """A line for the grader's log of this kernel (``sandbox.log``)."""
+    try:
+        with open(os.path.join(request["kernel_dir"], "sandbox.log"), "a") as log:
+            print(f"sandbox: {text}", file=log)
+    except OSError:
+        pass
 
 
 def _kill(pid, sig):
