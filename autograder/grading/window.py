@@ -76,6 +76,11 @@ def descendants(root: int) -> set[int]:
     return found
 
 
+def _alive(pid: int) -> bool:
+    stat = _stat(pid)
+    return stat is not None and stat[0] not in "ZX"
+
+
 def _children(pid: int) -> list[int]:
     """A process's children, from the lists its threads keep (cheap to poll)."""
     found = []
@@ -146,7 +151,7 @@ def end_leftovers(kernel: int, rounds: int = 50) -> None:
     """Kill the processes the student's cells left running (the kernel's threads stay):
     they have no part in the tests, and they hold places the tests' process needs."""
     for _ in range(rounds):
-        left = descendants(kernel) - {kernel}
+        left = {p for p in descendants(kernel) - {kernel} if _alive(p)}
         if not left:
             return
         for pid in left:
