@@ -77,6 +77,18 @@ def scaled_dot_product_attention(q, k, v, mask=None):
 """
 
 ATTACKS = {
+    # the issue's example: the plans read at top level, the answers computed there
+    "plans_at_top_level": _ANSWERS + "_harvest_once()\n",
+    # and rewritten (the watch emptied), with the fused function bound inside an `if`
+    "watch_emptied_if_bound": _ANSWERS
+    + """
+_harvest_once()
+if True:
+    from torch.nn.functional import scaled_dot_product_attention as _fused
+def scaled_dot_product_attention(q, k, v, mask=None):
+    out = _fused(q, k, v, attn_mask=mask)
+    return out, torch.softmax(q @ k.transpose(-2, -1) / q.size(-1) ** 0.5, dim=-1)
+""",
     # a thread left running reads and rewrites the plans as they appear
     "plans_thread": _ANSWERS
     + "threading.Thread(target=_harvest_forever, daemon=True).start()\n",
@@ -136,15 +148,18 @@ def scaled_dot_product_attention(q, k, v, mask=None):
     "multi_head_forward": """
 import torch.nn.functional as F
 def scaled_dot_product_attention(q, k, v, mask=None):
-    n, d = q.size(-2), q.size(-1)
+    batch, n, m, d = q.shape[:-2], q.size(-2), k.size(-2), q.size(-1)
+    q3, k3 = q.reshape(-1, n, d).transpose(0, 1), k.reshape(-1, m, d).transpose(0, 1)
     eye = torch.eye(d)
-    out, w = F.multi_head_attention_forward(
-        q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), d, 1,
-        None, None, None, None, False, 0.0, torch.eye(v.size(-1)), None,
-        training=False, key_padding_mask=None, need_weights=True,
-        attn_mask=None if mask is None else ~mask, use_separate_proj_weight=True,
-        q_proj_weight=eye, k_proj_weight=eye, v_proj_weight=torch.eye(v.size(-1)))
-    return out.transpose(0, 1), w
+    if mask is not None:
+        mask = ~mask.expand(*batch, n, m).reshape(-1, n, m)
+    _, w = F.multi_head_attention_forward(
+        q3, k3, k3, d, 1, None, None, None, None, False, 0.0, eye, None,
+        training=False, need_weights=True, attn_mask=mask,
+        use_separate_proj_weight=True, q_proj_weight=eye, k_proj_weight=eye,
+        v_proj_weight=eye)
+    w = torch.nan_to_num(w).reshape(*batch, n, m)
+    return w @ v, w
 """,
     "aten_operator": """
 def scaled_dot_product_attention(q, k, v, mask=None):
