@@ -126,11 +126,13 @@ def _signal(pid: int, sig: int) -> None:
         os.close(fd)
 
 
-def freeze(kernel: int, keep: int, rounds: int = 200) -> set[int] | None:
+def freeze(kernel: int, keep: int, patience: float = 15.0) -> set[int] | None:
     """Stop every process of the submission but ``keep``; the set stopped, or None if
-    they could not all be stopped (they forked faster than they were stopped)."""
+    they could not all be stopped within ``patience`` seconds (they forked faster than
+    they were stopped; a loaded machine may take a while to deliver SIGSTOP)."""
     stopped: set[int] = set()
-    for _ in range(rounds):
+    deadline = time.monotonic() + patience
+    while time.monotonic() < deadline:
         running = []
         for pid in descendants(kernel) - {keep}:
             stat = _stat(pid)
