@@ -173,7 +173,7 @@ def _start_window_at(index: int, current: dict, window: SealedWindow):
     def on_cell_start(cell, cell_index):
         current["index"] = cell_index
         if cell_index == index:
-            window.start()
+            window.open()
 
     return on_cell_start
 

@@ -192,6 +192,14 @@ class SealedWindow(threading.Thread):
         # the child ended (a crash, os._exit) before its last test
         self.ended_early = False
 
+    def open(self) -> None:
+        """Called before the kernel is sent the probe's cells, so that nothing of the
+        grader's is among what is ended: end what the cells left running, then watch."""
+        kernel = self.kernel_pid()
+        if kernel is not None:
+            end_leftovers(kernel)
+        self.start()
+
     def run(self) -> None:
         try:
             self._run()
@@ -206,7 +214,6 @@ class SealedWindow(threading.Thread):
         if kernel is None:
             self.fault = "the grader could not find the kernel's process"
             return
-        end_leftovers(kernel)
         child = self.child = self._await_child(kernel)
         if child is None:
             return
