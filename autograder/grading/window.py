@@ -265,10 +265,12 @@ class SealedWindow(threading.Thread):
         except OSError:
             return  # already gone
         try:
-            ready, _, _ = select.select([fd], [], [], limit)
-            if not ready:
+            # poll, not select: a grader with many files open has descriptors past 1024
+            waiting = select.poll()
+            waiting.register(fd, select.POLLIN)
+            if not waiting.poll(limit * 1000):
                 signal.pidfd_send_signal(fd, signal.SIGKILL)
-                select.select([fd], [], [], 10)
+                waiting.poll(10_000)
             else:
                 last = self.folder / probe.result_name(len(self.results) - 1)
                 self.ended_early = not last.exists()
