@@ -167,8 +167,8 @@ def run_notebook(
 
 
 def _start_window_at(index: int, current: dict, window: SealedWindow):
-    """nbclient's cell-start hook: note the cell, and open the window when the probe
-    cell starts (the student's cells have all run)."""
+    """nbclient's cell-start hook: note the cell, and open the window when the probe's
+    setup cell (``index``) starts: the student's cells have all run."""
 
     def on_cell_start(cell, cell_index):
         current["index"] = cell_index
@@ -217,9 +217,8 @@ def _client(cells, n_student: int, km, workdir: Path, limits: Limits, probe_time
     time limits (the probe's cells get ``probe_time``); also the index of the cell being
     run (-1 before the first)."""
     deadline = time.monotonic() + limits.notebook
-    current = {
-        "index": -1
-    }  # set by the cell-start hook before nbclient asks for a timeout
+    # set by the cell-start hook before nbclient asks for a timeout
+    current = {"index": -1}
 
     def timeout_for(cell) -> int:
         if current["index"] >= n_student:

@@ -337,7 +337,7 @@ def run_test(namespace, plan: TestPlan, kept=None) -> list[Outcome]:
 # garbage collector (no finaliser runs between calls) and seals itself with seccomp: no
 # new thread or process, no exec, no ptrace, no signal to another process. Only then
 # does the grader, outside the jail, freeze every other process of the submission and
-# hand over the plans (``execute.SealedWindow``); the child writes one result file per
+# hand over the plans (``window.SealedWindow``); the child writes one result file per
 # test and exits, and the grader reads and deletes them before anything else runs again.
 
 PLANS = "plans.pt"  # written by the grader into the kernel's folder, once sealed
