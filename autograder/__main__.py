@@ -28,21 +28,10 @@ def _book(args) -> int:
     import subprocess
 
     from autograder.build import build
-    from autograder.paths import REPO
+    from autograder.build.book import book_command, book_env
 
     build()
-    # jupyter-book's console script sits beside this Python (a venv's bin/ or the user's).
-    jupyter_book = Path(sys.executable).with_name("jupyter-book")
-    command = [
-        str(jupyter_book),
-        "build",
-        str(REPO),
-        "--warningiserror",
-        "--keep-going",
-    ]
-    if args.all:
-        command.append("--all")
-    return subprocess.run(command).returncode
+    return subprocess.run(book_command(rebuild_all=args.all), env=book_env()).returncode
 
 
 def _limits(args):

@@ -90,6 +90,39 @@ def passed(what: str) -> None:
     print(f"\N{CHECK MARK} {what}")
 
 
+def glue(name: str, value) -> None:
+    """Hand ``value`` to the book's prose, which quotes it as ``{glue:text}`name```.
+
+    In the book build this is myst-nb's ``glue``, so every number the text quotes is the
+    number this run computed. In a student notebook it does nothing: the text there points
+    at the output above instead."""
+    try:
+        from myst_nb import glue as myst_glue
+    except ImportError:
+        return
+    myst_glue(name, value, display=False)
+
+
+def claim(statement: str, holds: bool) -> None:
+    """A statement the prose makes about the run above (an accuracy reached, an ordering).
+
+    Silent when it holds. When it does not: in the book build and the course's own tests
+    (``COURSE_STRICT_CLAIMS=1``) an error, since the page would say something false; in a
+    student notebook a note, since a different answer or machine may explain it."""
+    import os
+
+    if holds:
+        return
+    if os.environ.get("COURSE_STRICT_CLAIMS") == "1":
+        raise AssertionError(
+            f"The text claims: {statement}. This run does not bear it out."
+        )
+    print(
+        f"Note: the text says {statement}, and your run above does not bear it out. "
+        "If an exercise it uses is still unfinished or wrong, that is the likely reason."
+    )
+
+
 def plot_attention(weights, queries, keys, title="", ax=None, annotate=True):
     """Heatmap of an (n_q, n_k) weight matrix: one row per query, one column per key."""
     import matplotlib.pyplot as plt

@@ -5,21 +5,21 @@ its pages in headless Chromium (``tests/browser.py``), served from 127.0.0.1 wit
 host unreachable, and write a screenshot of each page to ``<build>/_build/screenshots/``.
 """
 
-import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 from urllib.parse import unquote, urldefrag, urlparse
 
 import pytest
 import yaml
 
+from autograder.build.book import book_command, book_env
 from autograder.paths import REPO, chapter_ids
 from tests.browser import Browser, Site
 from tests.notebooks import CHAPTERS
 
 pytestmark = pytest.mark.slow
+BOOK_THREADS = 4  # the book's demos run on four threads here, on one in test_notebooks
 
 CONFIG = yaml.safe_load((REPO / "_config.yml").read_text())
 ROOT = yaml.safe_load((REPO / "_toc.yml").read_text())["root"]  # the landing page
@@ -57,23 +57,15 @@ PAPERS = {
 def html(tmp_path_factory) -> Path:
     """The book, built once per session (it executes every chapter: minutes)."""
     out = tmp_path_factory.mktemp("book")
-    jb = Path(sys.executable).with_name("jupyter-book")
     run = subprocess.run(
-        [
-            str(jb),
-            "build",
-            str(REPO),
-            "--path-output",
-            str(out),
-            "--warningiserror",
-            "--keep-going",
-            "--all",
-        ],
+        book_command(path_output=out, rebuild_all=True),
         capture_output=True,
         text=True,
         timeout=1800,
-        # as on a headless server: the book must still show every figure
-        env={**os.environ, "MPLBACKEND": "Agg"},
+        # as on a headless server (the book must still show every figure), and on four
+        # threads: test_notebooks runs the same demos on one, and each claim the prose
+        # makes about them (course_utils.claim) must hold on both
+        env=book_env(MPLBACKEND="Agg", OMP_NUM_THREADS=str(BOOK_THREADS)),
     )
     assert run.returncode == 0, run.stdout[-5000:] + run.stderr[-5000:]
     return out / "_build" / "html"

@@ -2,7 +2,8 @@
 
 The chapter sources use MyST: citations (``{cite:p}`key```), admonitions (``:::{note}``)
 and dropdowns. A notebook shows those as raw text, so the student notebooks get plain
-equivalents: "(Vaswani et al., 2017)", block quotes, and ``<details>`` for dropdowns.
+equivalents: "(Vaswani et al., 2017)", block quotes, ``<details>`` for dropdowns, and for
+a number glued from the book's run a pointer to the student's own output.
 """
 
 import re
@@ -17,6 +18,9 @@ _ADMONITION = re.compile(
     r"^:::\{(?P<kind>[a-z]+)\}(?P<title>[^\n]*)\n(?P<options>(?::[a-z-]+:[^\n]*\n)*)(?P<body>.*?)\n:::[ \t]*$",
     re.DOTALL | re.MULTILINE,
 )
+# ``{glue:text}`key:format``` quotes a number the book's run computed (course_utils.glue);
+# a notebook has no such run behind its text, so it points at the student's own output.
+_GLUE = re.compile(r"\{glue(?::[a-z]*)?\}`([A-Za-z0-9_.-]+)(?::[^`]*)?`")
 _ROLE = re.compile(r"\{[a-z:-]+\}`([^`<]*?)(?:\s*<[^>]*>)?`")
 
 
@@ -68,6 +72,9 @@ def _admonition(match: re.Match) -> str:
 def to_jupyter_markdown(text: str) -> str:
     text = _CITE.sub(_citation, text)
     text = _ADMONITION.sub(_admonition, text)
+    text = _GLUE.sub(
+        lambda m: f"[{m.group(1).replace('_', ' ')}: see the output above]", text
+    )
     text = _ROLE.sub(lambda m: m.group(1), text)
     if re.search(r"^(:::|```)\{", text, re.MULTILINE):
         raise MarkdownError(
