@@ -10,6 +10,7 @@ import re
 from functools import cache
 
 from pybtex.database import parse_file
+from pybtex.richtext import Text
 
 from autograder.paths import REPO
 
@@ -37,8 +38,10 @@ def _author_year(key: str) -> tuple[str, str]:
     entry = _bibliography().get(key)
     if entry is None:
         raise MarkdownError(f"unknown citation key {key!r} (add it to references.bib)")
+    # LaTeX to text: "Veli{\v{c}}kovi{\'c}" is "Veličković", not "Velivckovi'c"
     authors = [
-        re.sub(r"[{}\\]", "", " ".join(p.last_names)) for p in entry.persons["author"]
+        Text.from_latex(" ".join(p.last_names)).render_as("text")
+        for p in entry.persons["author"]
     ]
     names = (
         authors[0]
