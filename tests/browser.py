@@ -1,68 +1,88 @@
-"""A headless Chromium that reads the built book as a reader would, for tests/test_book.py.
+"""Read the built book in headless Chromium, as a reader would, for tests/test_book.py.
 
-Chromium is driven over the DevTools protocol (a websocket, ``websocket-client``); the book
-is served over HTTP from 127.0.0.1, and every other host name fails to resolve, so a page
-that needs the network to read well fails its test.
+The book is served over HTTP from 127.0.0.1 under its project sub-path (``/<repo>/``, as
+GitHub Pages serves a project site), with the book's own ``404.html`` for a missing page.
+Chromium is driven by Playwright; every host other than 127.0.0.1 fails to resolve, so a
+page that needs the network to read well fails its test. Accessibility is checked with
+axe-core (``axe-playwright-python``).
 """
 
 from __future__ import annotations
 
-import base64
 import functools
 import http.server
-import itertools
-import json
 import os
 import shutil
 import subprocess
 import threading
-import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
-import websocket
+from axe_playwright_python.sync_playwright import Axe
+from playwright.sync_api import Page, sync_playwright
 
+# Debian's Chromium where there is one (the course's CI machine); elsewhere, such as
+# GitHub's Ubuntu runners, Playwright's own (`python -m playwright install chromium`).
 CHROMIUM = "/usr/bin/chromium"
 FLAGS = [
-    "--headless",
-    "--no-sandbox",
     "--disable-gpu",
     "--disable-background-networking",
     "--no-first-run",
-    "--hide-scrollbars",
-    "--window-size=1280,1000",
     "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1",
-    "--remote-debugging-port=0",
 ]
+VIEWPORT = {"width": 1280, "height": 1000}
+# The rules of WCAG 2.0 and 2.1, levels A and AA
+WCAG_21_AA = ["wcag2a", "wcag2aa", "wcag21a", "wcag21aa"]
 
 
-def chromium_executable() -> str:
-    """Debian's chromium; installed with apt when missing and we are root (as on CI)."""
+def chromium_executable() -> str | None:
+    """Debian's chromium (installed with apt when missing and we are root, as on the
+    course's CI); None to use Playwright's own Chromium."""
     if not Path(CHROMIUM).exists() and os.geteuid() == 0 and shutil.which("apt-get"):
         for command in (
             ["apt-get", "update"],
             ["apt-get", "install", "-y", "chromium"],
         ):
             subprocess.run(command, check=True, capture_output=True, timeout=900)
-    if not Path(CHROMIUM).exists():
-        raise RuntimeError(
-            f"the browser tests need Chromium at {CHROMIUM}: "
-            "`apt-get install -y chromium` (Debian), as root"
-        )
-    return CHROMIUM
+    return CHROMIUM if Path(CHROMIUM).exists() else None
 
 
-class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+class _BookHandler(http.server.SimpleHTTPRequestHandler):
+    """Serves the book under ``prefix`` and answers a missing page with its 404.html."""
+
+    prefix = "/"
+
+    def translate_path(self, path):
+        if not path.startswith(self.prefix):
+            return str(Path(self.directory) / "__outside_the_book__")
+        return super().translate_path("/" + path[len(self.prefix) :])
+
+    def send_error(self, code, message=None, explain=None):
+        page = Path(self.directory) / "404.html"
+        if code != 404 or not page.exists():
+            return super().send_error(code, message, explain)
+        body = page.read_bytes()
+        self.send_response(404)
+        self.send_header("Content-Type", "text/html; charset=utf-8")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
     def log_message(self, *args):
         pass
 
 
 class Site:
-    """The built book served over HTTP on 127.0.0.1, from a thread."""
+    """The built book served over HTTP on 127.0.0.1 under ``prefix``, from a thread."""
 
-    def __init__(self, root: Path):
-        handler = functools.partial(_QuietHandler, directory=str(root))
+    def __init__(self, root: Path, prefix: str):
+        handler = functools.partial(
+            type("Handler", (_BookHandler,), {"prefix": prefix}), directory=str(root)
+        )
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/"
+        self.origin = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.url = self.origin + prefix
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def close(self):
@@ -70,113 +90,74 @@ class Site:
         self.server.server_close()
 
 
+@dataclass
+class Visit:
+    """What one page did as it loaded: the script's value and the page's traffic."""
+
+    value: object = None
+    status: int | None = None
+    requested: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)  # "url: status or error"
+    errors: list[str] = field(default_factory=list)  # uncaught JavaScript errors
+
+
 class Browser:
-    """One headless Chromium; each page opens in a fresh tab and is closed after."""
+    """One headless Chromium; each page opens in a fresh page of its own context."""
 
-    def __init__(self, profile: Path, timeout: float = 180.0):
-        self.timeout = timeout
-        self.process = subprocess.Popen(
-            [
-                chromium_executable(),
-                *FLAGS,
-                f"--user-data-dir={profile}",
-                "about:blank",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+    def __init__(self, timeout: float = 180.0):
+        self._playwright = sync_playwright().start()
+        self.browser = self._playwright.chromium.launch(
+            executable_path=chromium_executable(), args=FLAGS, headless=True
         )
-        port_file = profile / "DevToolsActivePort"
-        deadline = time.monotonic() + timeout
-        while not (port_file.exists() and len(port_file.read_text().split()) == 2):
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                self.close()
-                raise RuntimeError("Chromium did not start its DevTools endpoint")
-            time.sleep(0.2)
-        port, path = port_file.read_text().split()
-        self.ws = websocket.create_connection(
-            f"ws://127.0.0.1:{port}{path}", timeout=timeout, suppress_origin=True
+        self.timeout_ms = timeout * 1000
+
+    def open(self, url: str, dark: bool = False) -> tuple[Page, Visit]:
+        """A new page at ``url``, loaded (the caller closes its context)."""
+        context = self.browser.new_context(
+            viewport=VIEWPORT, color_scheme="dark" if dark else "light"
         )
-        self.ids = itertools.count(1)
+        if dark:  # the theme's own switch, as a reader who chose dark mode has it
+            context.add_init_script("localStorage.setItem('theme', 'dark')")
+        page = context.new_page()
+        page.set_default_timeout(self.timeout_ms)
+        visit = Visit()
+        page.on("request", lambda r: visit.requested.append(r.url))
+        page.on("requestfailed", lambda r: visit.failed.append(f"{r.url}: {r.failure}"))
+        page.on(
+            "response",
+            lambda r: r.status >= 400 and visit.failed.append(f"{r.url}: {r.status}"),
+        )
+        page.on("pageerror", lambda e: visit.errors.append(str(e)))
+        response = page.goto(url, wait_until="load")
+        visit.status = response.status if response else None
+        return page, visit
 
-    def send(self, method: str, params=None, session=None, events=None) -> dict:
-        """Send a command and wait for its answer; events that arrive meanwhile are
-        appended to ``events`` (when given)."""
-        message_id = next(self.ids)
-        message = {"id": message_id, "method": method, "params": params or {}}
-        if session:
-            message["sessionId"] = session
-        self.ws.send(json.dumps(message))
-        while True:
-            reply = json.loads(self.ws.recv())
-            if reply.get("id") == message_id:
-                if "error" in reply:
-                    raise RuntimeError(f"{method}: {reply['error']}")
-                return reply.get("result", {})
-            if events is not None and "method" in reply:
-                events.append(reply)
-
-    def visit(self, url: str, script: str, screenshot: Path | None = None):
-        """Open ``url``, wait for it to load, evaluate ``script`` (an async function body
-        returning JSON-able data) and return ``(its value, the page's events)``."""
-        events: list[dict] = []
-        target = self.send("Target.createTarget", {"url": "about:blank"})["targetId"]
-        session = self.send(
-            "Target.attachToTarget", {"targetId": target, "flatten": True}
-        )["sessionId"]
+    def visit(
+        self, url: str, script: str, screenshot: Path | None = None, dark=False
+    ) -> Visit:
+        """Open ``url``, evaluate ``script`` (an async function body returning JSON-able
+        data) once it has loaded, and report."""
+        page, visit = self.open(url, dark)
         try:
-            for domain in ("Page", "Network", "Runtime"):
-                self.send(f"{domain}.enable", session=session, events=events)
-            self.send("Page.navigate", {"url": url}, session=session, events=events)
-            deadline = time.monotonic() + self.timeout
-            while not any(e["method"] == "Page.loadEventFired" for e in events):
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"{url} did not finish loading")
-                message = json.loads(self.ws.recv())
-                if "method" in message:
-                    events.append(message)
-            result = self.send(
-                "Runtime.evaluate",
-                {
-                    "expression": f"(async () => {{ {script} }})()",
-                    "awaitPromise": True,
-                    "returnByValue": True,
-                },
-                session=session,
-                events=events,
-            )
-            if "exceptionDetails" in result:
-                raise RuntimeError(f"{url}: {result['exceptionDetails']}")
+            visit.value = page.evaluate(f"async () => {{ {script} }}")
             if screenshot is not None:
-                self._screenshot(session, screenshot, events)
-            return result["result"].get("value"), events
+                screenshot.parent.mkdir(parents=True, exist_ok=True)
+                page.screenshot(path=str(screenshot), full_page=True)
+            return visit
         finally:
-            self.send("Target.closeTarget", {"targetId": target})
+            page.context.close()
 
-    def _screenshot(self, session: str, path: Path, events: list) -> None:
-        """The whole page, up to 16000 pixels tall, as a PNG."""
-        size = self.send("Page.getLayoutMetrics", session=session)["cssContentSize"]
-        clip = {
-            "x": 0,
-            "y": 0,
-            "width": size["width"],
-            "height": min(size["height"], 16000),
-            "scale": 1,
-        }
-        shot = self.send(
-            "Page.captureScreenshot",
-            {"format": "png", "clip": clip, "captureBeyondViewport": True},
-            session=session,
-            events=events,
-        )
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(base64.b64decode(shot["data"]))
+    def accessibility_violations(self, url: str, dark: bool = False) -> list[dict]:
+        """axe-core's WCAG 2.0/2.1 A and AA violations on the page at ``url``."""
+        page, _ = self.open(url, dark)
+        try:
+            page.wait_for_function("() => !window.MathJax || MathJax.startup?.promise")
+            page.evaluate("async () => { await window.MathJax?.startup?.promise; }")
+            options = {"runOnly": {"type": "tag", "values": WCAG_21_AA}}
+            return Axe().run(page, options=options).response["violations"]
+        finally:
+            page.context.close()
 
     def close(self):
-        if getattr(self, "ws", None) is not None:
-            self.ws.close()
-        self.process.terminate()
-        try:
-            self.process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        self.browser.close()
+        self._playwright.stop()

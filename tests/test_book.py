@@ -163,23 +163,27 @@ return {
 """
 
 
+# GitHub Pages serves a project's book under /<repository name>/; so do the tests.
+PREFIX = "/" + urlparse(REPOSITORY).path.strip("/").split("/")[-1] + "/"
+
+
 @pytest.fixture(scope="session")
 def site(html):
-    served = Site(html)
+    served = Site(html, PREFIX)
     yield served
     served.close()
 
 
 @pytest.fixture(scope="session")
-def browser(tmp_path_factory):
-    chromium = Browser(tmp_path_factory.mktemp("chromium-profile"))
+def browser():
+    chromium = Browser()
     yield chromium
     chromium.close()
 
 
 @pytest.fixture(scope="session")
 def visit(html, site, browser):
-    """Open a page of the book (once per session): ``(report, events)``."""
+    """Open a page of the book (once per session): a ``Visit``."""
     seen = {}
 
     def open_page(page: str):
@@ -201,37 +205,20 @@ def _chapter_page(chapter: str) -> str:
 
 @pytest.mark.parametrize("page", _toc_pages())
 def test_page_loads_only_from_the_book_and_its_links_resolve(html, site, visit, page):
-    report, events = visit(page)
-    requested = [
-        e["params"]["request"]["url"]
-        for e in events
-        if e["method"] == "Network.requestWillBeSent"
+    seen = visit(page)
+    report = seen.value
+    assert seen.status == 200, f"{page}: HTTP {seen.status}"
+    outside = [
+        u for u in seen.requested if not u.startswith((site.url, "data:", "blob:"))
     ]
-    outside = [u for u in requested if not u.startswith((site.url, "data:", "blob:"))]
     assert not outside, f"{page} loads from outside the book: {outside}"
-    failed = [
-        e["params"]["response"]["url"]
-        for e in events
-        if e["method"] == "Network.responseReceived"
-        and e["params"]["response"]["status"] >= 400
-    ]
-    failed += [
-        e["params"].get("errorText", "")
-        for e in events
-        if e["method"] == "Network.loadingFailed"
-    ]
-    assert not failed, f"{page}: requests failed: {failed}"
-    thrown = [
-        e["params"]["exceptionDetails"]
-        for e in events
-        if e["method"] == "Runtime.exceptionThrown"
-    ]
-    assert not thrown, f"{page}: JavaScript errors: {thrown}"
+    assert not seen.failed, f"{page}: requests failed: {seen.failed}"
+    assert not seen.errors, f"{page}: JavaScript errors: {seen.errors}"
     for link in report["links"]:
         if not link.startswith(site.url):
             continue
         url, fragment = urldefrag(link)
-        path = html / unquote(urlparse(url).path).lstrip("/")
+        path = html / unquote(url[len(site.url) :].split("?")[0])
         if path.is_dir():
             path = path / "index.html"
         assert path.exists(), f"{page}: broken link {link}"
@@ -249,7 +236,7 @@ def test_page_loads_only_from_the_book_and_its_links_resolve(html, site, visit, 
 
 @pytest.mark.parametrize("chapter", chapter_ids())
 def test_chapter_page_reads_well_in_a_browser(visit, chapter):
-    report, _ = visit(_chapter_page(chapter))
+    report = visit(_chapter_page(chapter)).value
     assert report["mathjax"] == "3.2.2", "MathJax (served with the book) did not load"
     assert report["math"] > 0 and report["untypeset"] == 0, (
         f"{report['untypeset']} of {report['math']} formulas were not typeset"
@@ -260,8 +247,8 @@ def test_chapter_page_reads_well_in_a_browser(visit, chapter):
 
 
 @pytest.mark.parametrize("chapter", chapter_ids())
-def test_launch_links_open_the_chapters_student_notebook(html, visit, chapter):
-    report, _ = visit(_chapter_page(chapter))
+def test_launch_links_open_the_chapters_student_notebook(html, site, visit, chapter):
+    report = visit(_chapter_page(chapter)).value
     notebook = f"autograder/course/release/{chapter}/{chapter}.ipynb"
     assert (REPO / notebook).exists()
     bar = {link["text"]: link["href"] for link in report["bar"]}
@@ -272,7 +259,7 @@ def test_launch_links_open_the_chapters_student_notebook(html, visit, chapter):
     )
     assert bar["Launch on Binder"].endswith(f"?urlpath=lab/tree/{notebook}")
     download = bar["Download the student notebook"]
-    copied = html / unquote(urlparse(download).path).lstrip("/")
+    copied = html / unquote(download[len(site.url) :])
     assert copied.read_bytes() == (REPO / notebook).read_bytes()
     # the theme's launch buttons (Binder, JupyterHub, Colab) open the same notebook
     launch = [

@@ -9,6 +9,9 @@
    button are pointed at the same student notebook.
 3. MathJax is served with the book, from the ``django-static-mathjax`` package (MathJax
    3.2.2), instead of from a CDN: the book reads well offline.
+4. The book is published at ``https://<org>.github.io/<repo>/`` (GitHub Pages, a project
+   sub-path): its canonical address and its 404 page (``sphinx-notfound-page``, whose
+   links must be absolute to work from any depth) follow from the repository.
 
 Every link is derived from ``repository.url`` and ``repository.branch`` in ``_config.yml``
 and from its ``launch_buttons`` section.
@@ -52,7 +55,11 @@ def student_notebook(chapter: str) -> str:
 
 def _repository(app: Sphinx) -> tuple[str, str, str]:
     """(org, repo, branch) from ``repository:`` in ``_config.yml``."""
-    options = app.config.html_theme_options
+    return _repository_of(app.config)
+
+
+def _repository_of(config) -> tuple[str, str, str]:
+    options = config.html_theme_options
     url = options.get("repository_url", "").rstrip("/")
     match = re.fullmatch(r"https://github\.com/([^/]+)/([^/]+?)(\.git)?", url)
     if not match:
@@ -181,6 +188,24 @@ def use_local_mathjax(app: Sphinx, config) -> None:
     _mathjax_dir()  # fail early, with a message, when the package is missing
 
 
+def publish_under_project_path(app: Sphinx, config) -> None:
+    """``config-inited``: the book's address, and a 404 page that leads home from any depth."""
+    org, repo, _ = _repository_of(config)
+    config.html_baseurl = f"https://{org.lower()}.github.io/{repo}/"
+    config.notfound_urls_prefix = f"/{repo}/"
+    home = f"/{repo}/{config.root_doc}.html"
+    config.notfound_context = {
+        "title": "Page not found",
+        "body": (
+            "<h1>Page not found</h1>"
+            "<p>There is no page at this address in the course. It may have moved when "
+            "the chapters were renumbered, or the address may be mistyped.</p>"
+            f'<p><a href="{home}">Go to the course\'s first page</a>, or use the '
+            "search and the table of contents.</p>"
+        ),
+    }
+
+
 def copy_files(app: Sphinx, exception) -> None:
     """``build-finished``: MathJax and the student notebooks go into the built book."""
     if exception is not None or app.builder.format != "html":
@@ -209,6 +234,7 @@ def setup(app: Sphinx) -> dict:
     # whoever builds it.
     os.environ.pop("MPLBACKEND", None)
     app.connect("config-inited", use_local_mathjax)
+    app.connect("config-inited", publish_under_project_path)
     app.connect("doctree-resolved", add_launch_bar)
     # after sphinx-book-theme's header buttons (priority 501)
     app.connect("html-page-context", point_buttons_at_student_notebook, priority=502)
