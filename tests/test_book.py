@@ -277,14 +277,73 @@ def test_launch_links_open_the_chapters_student_notebook(html, site, visit, chap
     assert len(launch) >= 5 and all(notebook in link for link in launch), launch
 
 
-def test_search_finds_the_chapters(site, browser):
-    wait_for_results = """
-    for (let i = 0; i < 600; i++) {
-      const hits = document.querySelectorAll("#search-results li a");
-      if (hits.length) return [...hits].map((a) => a.getAttribute("href"));
-      await new Promise((done) => setTimeout(done, 100));
-    }
-    return [];
-    """
-    hits, _ = browser.visit(site.url + "search.html?q=softmax", wait_for_results)
-    assert any("chapters/01_bottleneck" in h for h in hits), hits
+# A word each chapter teaches, which the theme's search must find in that chapter.
+SEARCHES = {
+    "01_bottleneck": "bottleneck",
+    "02_score_functions": "additive",
+    "03_self_attention": "padding",
+    "04_multi_head": "heads",
+    "05_positional_encoding": "sinusoidal",
+    "06_transformer": "smoothing",
+    "07_relative_position": "ALiBi",
+    "08_efficient_attention": "FlashAttention",
+    "09_beyond_sequences": "patches",
+}
+WAIT_FOR_RESULTS = """
+for (let i = 0; i < 600; i++) {
+  const hits = document.querySelectorAll("#search-results li a");
+  if (hits.length) return [...hits].map((a) => a.href);
+  await new Promise((done) => setTimeout(done, 100));
+}
+return [];
+"""
+
+
+@pytest.mark.parametrize("chapter", chapter_ids())
+def test_search_finds_what_each_chapter_teaches(site, browser, chapter):
+    found = browser.visit(
+        f"{site.url}search.html?q={SEARCHES[chapter]}", WAIT_FOR_RESULTS
+    )
+    hits = [urldefrag(h)[0] for h in found.value]
+    assert site.url + _chapter_page(chapter) in hits, hits
+    assert not found.failed and not found.errors, (found.failed, found.errors)
+
+
+HOME_LINK = """
+const home = [...document.querySelectorAll("main a")].find(
+  (a) => /first page/.test(a.textContent));
+return {heading: document.querySelector("main h1")?.textContent, home: home?.href};
+"""
+
+
+@pytest.mark.parametrize(
+    "missing", ["no-such-page.html", "chapters/01_bottleneck/a/b/"]
+)
+def test_a_missing_page_gets_the_books_404_page_with_a_way_home(site, browser, missing):
+    lost = browser.visit(site.url + missing, HOME_LINK)
+    assert lost.status == 404 and "Page not found" in lost.value["heading"]
+    # the page's own styles and scripts load whatever the depth of the address
+    assert not [f for f in lost.failed if not f.startswith(site.url + missing)]
+    assert lost.value["home"] == f"{site.url}{ROOT}.html"
+    home = browser.visit(lost.value["home"], "return document.title;")
+    assert home.status == 200 and not home.failed
+
+
+# Accessibility: WCAG 2.1 AA -------------------------------------------------------------
+
+
+def _every_page() -> list[str]:
+    """Every page a reader can reach: the table of contents, the search page, the 404."""
+    return _toc_pages() + ["search.html", "404.html"]
+
+
+@pytest.mark.parametrize("dark", [False, True], ids=["light", "dark"])
+@pytest.mark.parametrize("page", _every_page())
+def test_page_meets_wcag_21_aa(site, browser, page, dark):
+    """axe-core finds no violation of the WCAG 2.0 and 2.1 A and AA rules."""
+    violations = browser.accessibility_violations(site.url + page, dark=dark)
+    assert not violations, "\n".join(
+        f"{v['id']} ({v['impact']}): {v['help']}: "
+        + "; ".join(n["html"][:120] for n in v["nodes"][:5])
+        for v in violations
+    )

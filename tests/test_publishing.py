@@ -88,3 +88,14 @@ def test_ci_runs_the_readmes_test_command():
     steps = [step.get("run", "") for step in ci["jobs"]["test"]["steps"]]
     assert "bash .ci/run" in steps
     assert "python -m pytest" in (REPO / ".ci" / "run").read_text()
+
+
+def test_the_readme_names_the_address_that_follows_from_the_repository():
+    """The book's address is derived from repository.url in _config.yml (book/_ext); the
+    README's "For readers" opens with that address."""
+    url = yaml.safe_load((REPO / "_config.yml").read_text())["repository"]["url"]
+    org, repo = url.rstrip("/").split("/")[-2:]
+    readme = (REPO / "README.md").read_text()
+    readers = readme[readme.index("## For readers") :].split("\n## ")[0]
+    first = readers.split("\n\n")[1]
+    assert f"https://{org.lower()}.github.io/{repo}/" in first
