@@ -234,7 +234,8 @@ def setup(app: Sphinx) -> dict:
     # whoever builds it.
     os.environ.pop("MPLBACKEND", None)
     app.connect("config-inited", use_local_mathjax)
-    app.connect("config-inited", publish_under_project_path)
+    # after sphinx-external-toc has made the table of contents' root the root document
+    app.connect("config-inited", publish_under_project_path, priority=900)
     app.connect("doctree-resolved", add_launch_bar)
     # after sphinx-book-theme's header buttons (priority 501)
     app.connect("html-page-context", point_buttons_at_student_notebook, priority=502)
