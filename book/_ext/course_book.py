@@ -170,6 +170,20 @@ def drop_duplicate_scripts(app, pagename, templatename, context, doctree):
     context["script_files"] = unique
 
 
+def list_citations_as_list_items(app, pagename, templatename, context, doctree):
+    """``html-page-context``: the bibliography's entries are list items.
+
+    docutils' HTML writer gives each citation ``role="doc-biblioentry"``, a role that
+    DPUB-ARIA 1.1 deprecates (w3c/dpub-aria#22) and that is no valid child of the
+    ``role="list"`` around them; axe-core reports both (aria-deprecated-role,
+    aria-required-children). ``listitem`` is what the specification recommends instead.
+    """
+    if "body" in context:
+        context["body"] = context["body"].replace(
+            'role="doc-biblioentry"', 'role="listitem"'
+        )
+
+
 def _mathjax_dir() -> Path:
     try:
         root = resources.files("mathjax")
@@ -240,6 +254,7 @@ def setup(app: Sphinx) -> dict:
     # after sphinx-book-theme's header buttons (priority 501)
     app.connect("html-page-context", point_buttons_at_student_notebook, priority=502)
     app.connect("html-page-context", drop_duplicate_scripts)
+    app.connect("html-page-context", list_citations_as_list_items)
     app.connect("build-finished", copy_files)
     app.add_css_file("course.css")
     return {"parallel_read_safe": True, "parallel_write_safe": True}
