@@ -175,8 +175,10 @@ class GATLayer(nn.Module):
         super().__init__()
         self.W = nn.Parameter(torch.empty(num_heads, in_features, out_features))
         self.a = nn.Parameter(torch.empty(num_heads, 2 * out_features))
-        nn.init.xavier_uniform_(self.W)
-        nn.init.xavier_uniform_(self.a)
+        with torch.no_grad():  # each head a Xavier-uniform layer of its own
+            for k in range(num_heads):
+                nn.init.xavier_uniform_(self.W[k])  # fans in_features, out_features
+                nn.init.xavier_uniform_(self.a[k, :, None])  # a (2 F_out, 1) column
         self.concat = concat
         self.negative_slope = negative_slope
 

@@ -185,6 +185,21 @@ def test_gat_layer_concatenates_or_averages_its_heads():
     torch.testing.assert_close(out, torch.stack([o for o, _ in heads]).mean(0))
 
 
+def test_gat_layer_initialises_each_head_as_its_own_xavier_uniform_layer():
+    """The docstring's contract: W[k] uniform in +-sqrt(6 / (F_in + F_out)), a[k] (as a
+    (2 F_out, 1) column) in +-sqrt(6 / (2 F_out + 1)), not the fans of the 3-D tensor."""
+    torch.manual_seed(11)
+    F_in, F_out, K = 34, 8, 4
+    layer = bs.GATLayer(F_in, F_out, K)
+    w_bound, a_bound = math.sqrt(6 / (F_in + F_out)), math.sqrt(6 / (2 * F_out + 1))
+    assert layer.W.abs().max() <= w_bound
+    assert layer.a.abs().max() <= a_bound
+    # the draws fill the range: uniform over +-bound, not a narrower one
+    assert layer.W.abs().max() > 0.95 * w_bound
+    assert layer.a.abs().max() > 0.8 * a_bound
+    assert layer.W.is_leaf and layer.a.is_leaf
+
+
 # ------------------------------------------------------------------------- memory
 
 
