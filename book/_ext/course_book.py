@@ -9,6 +9,8 @@
    button are pointed at the same student notebook.
 3. MathJax is served with the book, from the ``django-static-mathjax`` package (MathJax
    3.2.2), instead of from a CDN: the book reads well offline.
+4. Every page's footer names the course version (``VERSION``, the one place it is
+   written), the licences, and links to the About page (licence, versions, how to cite).
 
 Every link is derived from ``repository.url`` and ``repository.branch`` in ``_config.yml``
 and from its ``launch_buttons`` section.
@@ -151,6 +153,34 @@ def point_buttons_at_student_notebook(app, pagename, templatename, context, doct
                 button["tooltip"] = "Download the student notebook"
 
 
+ABOUT_PAGE = "book/about"
+LICENCES = (
+    'Text, figures and notebooks: <a href="https://creativecommons.org/licenses/by/4.0/">'
+    'CC BY 4.0</a>; code: <a href="https://opensource.org/license/mit">MIT</a>'
+)
+
+
+def course_version(app: Sphinx) -> str:
+    return (Path(app.srcdir) / "VERSION").read_text().strip()
+
+
+def set_version(app: Sphinx, config) -> None:
+    """``config-inited``: Sphinx's own ``version`` and ``release`` are the course's."""
+    config.version = config.release = course_version(app)
+
+
+def add_footer(app, pagename, templatename, context, doctree):
+    """``html-page-context``: the theme's extra footer, on every page: the version, the
+    licences, and a link to the About page (relative, so it works wherever the book is
+    served)."""
+    about = context["pathto"](ABOUT_PAGE)
+    context["theme_extra_footer"] = (
+        f'<p class="course-footer">Course version {html.escape(course_version(app))}. '
+        f"{LICENCES}. "
+        f'<a href="{about}">Licence, changes and how to cite this course</a>.</p>'
+    )
+
+
 def drop_duplicate_scripts(app, pagename, templatename, context, doctree):
     """``html-page-context``: Jupyter Book registers some inline scripts twice (sphinx-thebe's
     ``const THEBE_JS_URL = ...``, a SyntaxError the second time); keep each script once."""
@@ -209,6 +239,8 @@ def setup(app: Sphinx) -> dict:
     # whoever builds it.
     os.environ.pop("MPLBACKEND", None)
     app.connect("config-inited", use_local_mathjax)
+    app.connect("config-inited", set_version)
+    app.connect("html-page-context", add_footer)
     app.connect("doctree-resolved", add_launch_bar)
     # after sphinx-book-theme's header buttons (priority 501)
     app.connect("html-page-context", point_buttons_at_student_notebook, priority=502)
