@@ -26,17 +26,18 @@ ALL = "All assignments"
 GRADE_CHANGING = "Grade-changing"
 
 
-def _sections(text: str, level: int) -> dict[str, str]:
-    """``{heading: body}`` for the headings of exactly ``level`` ``#`` in ``text``."""
+def _sections(text: str, level: int) -> list[tuple[str, str]]:
+    """``(heading, body)`` for each heading of exactly ``level`` ``#`` in ``text``, in
+    order (a heading may appear twice)."""
     marks = "#" * level
     parts = re.split(rf"^{marks} +(.+?) *$", text, flags=re.M)
-    return {parts[i]: parts[i + 1] for i in range(1, len(parts), 2)}
+    return [(parts[i], parts[i + 1]) for i in range(1, len(parts), 2)]
 
 
 def releases(changelog: str) -> dict[str, tuple[str | None, str]]:
     """``{version: (date, body)}`` of the change log, ``Unreleased`` included (no date)."""
     found = {}
-    for heading, body in _sections(changelog, 2).items():
+    for heading, body in _sections(changelog, 2):
         match = re.fullmatch(r"\[([^\]]+)\](?: +- +(\d{4}-\d\d-\d\d))?", heading)
         if match:
             found[match.group(1)] = (match.group(2), body)
@@ -46,10 +47,10 @@ def releases(changelog: str) -> dict[str, tuple[str | None, str]]:
 def grade_changing(body: str) -> set[str]:
     """The assignments (or ``ALL``) with at least one entry under ``Grade-changing``."""
     found = set()
-    for assignment, text in _sections(body, 3).items():
-        entries = _sections(text, 4).get(GRADE_CHANGING, "")
-        if re.search(r"^\s*[-*] +\S", entries, flags=re.M):
-            found.add(assignment)
+    for assignment, text in _sections(body, 3):
+        for kind, entries in _sections(text, 4):
+            if kind == GRADE_CHANGING and re.search(r"^\s*[-*] +\S", entries, re.M):
+                found.add(assignment)
     return found
 
 
