@@ -176,10 +176,11 @@ def regraded(previous: dict[str, dict], results: list[dict]) -> list[str]:
 
 
 def feedback_note(result: dict) -> str:
-    """The note at the top of the feedback page."""
+    """The note at the top of the feedback page. Not the seed: a student who knew it
+    could compute the hidden inputs of a later run that reused it (the gradebook's
+    table keeps it for the instructor)."""
     return (
         f"*Graded by the course's autograder: course version "
         f"{result.get('course_version')}, hidden tests, reference and tolerances of "
-        f"{result.get('assignment')} with digest `{result.get('digest')}`, hidden "
-        f"inputs drawn with seed {result.get('seed')}.*"
+        f"{result.get('assignment')} with digest `{result.get('digest')}`.*"
     )
