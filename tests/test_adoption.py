@@ -264,3 +264,32 @@ def test_contributing_covers_a_typo_a_known_mistake_and_an_exercise():
         assert heading in text
     for test in ("tests/test_hidden_tests.py", "tests/test_build.py"):
         assert test in text and (REPO / test).is_file()
+
+
+# --- 4. Traceable grades (the end-to-end checks are in test_class_autograde.py) --------
+
+
+def test_the_summary_names_regrades_under_another_digest_and_mixed_digests():
+    from autograder.grading.autograde import summary
+
+    def result(student, digest):
+        return {
+            "student": student, "graded": True, "score": 1.0, "max_score": 1.0,
+            "message": "", "course_version": "1.1.0", "digest": digest,
+        }  # fmt: skip
+
+    old, new = "a" * 64, "b" * 64
+    previous = {
+        "alice": {"course_version": "1.0.0", "digest": old},
+        "bob": {"course_version": "1.1.0", "digest": new},
+    }
+    text = summary([result("alice", new), result("bob", new)], previous=previous)
+    assert f"graded by: course version 1.1.0, digest {new[:12]}" in text
+    assert re.search(r"re-graded under another digest +1", text)
+    assert (
+        f"RE-GRADED UNDER ANOTHER DIGEST alice: was course version 1.0.0, digest "
+        f"{old[:12]}; now 1.1.0, digest {new[:12]}" in text
+    )
+    assert "RE-GRADED UNDER ANOTHER DIGEST bob" not in text  # same digest as before
+    mixed = summary([result("alice", new), result("carol", old)])
+    assert "different digests" in mixed
