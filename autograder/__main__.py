@@ -1,6 +1,7 @@
 """Command line: ``python -m autograder build [--check]``, ``book``, ``grade ...``,
 ``autograde ASSIGNMENT`` (a class into nbgrader's gradebook, in parallel), ``merge``
-(shards' results into the gradebook) and ``check`` (is this machine ready to grade?)."""
+(shards' results into the gradebook), ``check`` (is this machine ready to grade?) and
+``release`` (version, digests and the change log's freshness; ``--record`` at a release)."""
 
 import argparse
 import json
@@ -133,11 +134,12 @@ def _autograde(args) -> int:
         ag.write_results(results, path)
         print(f"[autograder] results written to {path}", file=sys.stderr)
     graded = time.perf_counter()
-    status = 0
+    status, previous = 0, None
     if shard is None:
+        previous = ag.previous_provenance(root, args.assignment)
         status = ag.record(root, args.assignment, results, args.force)
     recorded = time.perf_counter()
-    print(ag.summary(results))
+    print(ag.summary(results, previous=previous))
     if shard is None:
         _report_not_autograded(root, args.assignment, results)
     print(
@@ -168,12 +170,40 @@ def _merge(args) -> int:
     ]
     if ag.enter_assignment(root, args.assignment) != 0:
         return 1
+    previous = ag.previous_provenance(root, args.assignment)
     status = ag.record(root, args.assignment, results, force=True)
-    print(ag.summary(results))
+    print(ag.summary(results, previous=previous))
     _report_not_autograded(root, args.assignment, results)
     if status:
         return 1
     return 4 if any(not r["graded"] for r in results) else 0
+
+
+def _release(args) -> int:
+    from autograder import release
+    from autograder.grading.provenance import digest_files
+    from autograder.paths import REPO, course_version
+
+    if args.record:
+        path = release.record()
+        print(f"wrote {path.relative_to(REPO)} (release {course_version()})")
+        return 0
+    last = release.read_record()
+    print(
+        f"course version {course_version()}; last release recorded: {last.get('version')}"
+    )
+    for chapter, digest in release.current_digests().items():
+        same = digest == last.get("digests", {}).get(chapter)
+        print(
+            f"  {chapter}: digest {digest[:12]}{'' if same else ' (changed since the release)'}"
+        )
+        if args.files:
+            for path in digest_files(chapter):
+                print(f"      {path}")
+    problems = release.problems()
+    for problem in problems:
+        print(f"PROBLEM {problem}")
+    return 1 if problems else 0
 
 
 def _check(args) -> int:
@@ -186,8 +216,12 @@ def _report(result: dict, as_json: bool) -> None:
     if as_json:
         print(json.dumps(result), flush=True)
         return
+    from autograder.grading.provenance import short
+
     print(
-        f"{result['notebook']}: {result['score']:g} / {result['max_score']:g} ({result['assignment']})"
+        f"{result['notebook']}: {result['score']:g} / {result['max_score']:g} "
+        f"({result['assignment']}; course version {result.get('course_version')}, "
+        f"digest {short(result.get('digest'))})"
     )
     if not result["graded"]:
         print(f"  NOT GRADED: {result['message']}")
@@ -275,6 +309,22 @@ def main(argv=None) -> int:
         "untouched notebook (exit 0 when ready, 3 when not)",
     )
     check.set_defaults(run=_check)
+    release = commands.add_parser(
+        "release",
+        help="the course version, each assignment's digest, and whether the change log "
+        "accounts for every grade-changing file changed since the last release (exit 1 "
+        "when not)",
+    )
+    release.add_argument(
+        "--record",
+        action="store_true",
+        help="record every assignment's digest now as the release in VERSION's "
+        "(autograder/release.json): run it when cutting a release",
+    )
+    release.add_argument(
+        "--files", action="store_true", help="list the files in each digest"
+    )
+    release.set_defaults(run=_release)
     autograde = commands.add_parser(
         "autograde",
         help="grade every collected submission of an assignment in parallel and record "

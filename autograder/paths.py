@@ -57,3 +57,11 @@ def env_with_repo_on_path() -> dict[str, str]:
     from any course root."""
     extra = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     return {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), *extra])}
+
+
+VERSION_FILE = REPO / "VERSION"
+
+
+def course_version() -> str:
+    """The course's semantic version: the one place it is written is ``VERSION``."""
+    return VERSION_FILE.read_text().strip()

@@ -5,6 +5,7 @@ its pages in headless Chromium (``tests/browser.py``), served from 127.0.0.1 wit
 host unreachable, and write a screenshot of each page to ``<build>/_build/screenshots/``.
 """
 
+import html as html_module
 import os
 import re
 import subprocess
@@ -130,6 +131,28 @@ def test_the_landing_page_cites_every_paper_the_course_relies_on(html):
             f"the landing page's reading list does not cite {key}"
         )
         assert author in cited, f"{author}'s citation on the landing page is not a link"
+
+
+@pytest.mark.parametrize("page", _toc_pages())
+def test_every_page_footer_shows_version_licences_and_the_about_page(html, page):
+    text = (html / page).read_text()
+    footer = re.search(r'<p class="course-footer">(.*?)</p>', text, re.S)
+    assert footer, f"{page} has no course footer"
+    version = (REPO / "VERSION").read_text().strip()
+    assert f"Course version {version}" in footer.group(1)
+    assert "CC BY 4.0" in footer.group(1) and "MIT" in footer.group(1)
+    link = re.search(r'href="([^"]*)">Licence, changes', footer.group(1)).group(1)
+    here = html / page
+    about = here if link == "#" else here.parent.joinpath(urldefrag(link)[0])
+    assert about.resolve() == (html / "book" / "about.html").resolve()
+
+
+def test_about_page_cites_the_course_as_citation_cff_does(html):
+    from autograder.release import bibtex
+
+    text = (html / "book" / "about.html").read_text()
+    assert "Cite this course" in text
+    assert bibtex() in html_module.unescape(_text(text))
 
 
 def test_book_is_offline_ready(html):

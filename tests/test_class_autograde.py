@@ -2,17 +2,22 @@
 ``nbgrader autograde`` records; shards run as separate processes merge into one gradebook."""
 
 import datetime
+import json
 import os
+import re
 import shutil
+import sqlite3
 import subprocess
 import sys
 
+import nbformat
 import pytest
 from nbgrader.api import Gradebook, MissingEntry
 
 from autograder import paths
 from autograder.grading.autograde import in_shard
 from autograder.grading.nbgrader_bridge import COURSE_ID
+from autograder.grading.provenance import TABLE, assignment_digest, recorded
 from tests.notebooks import release_notebook, student_notebook, write
 
 pytestmark = pytest.mark.slow
@@ -163,6 +168,61 @@ def test_shards_merge_into_the_same_gradebook(courses):
     serial, _, sharded, _, merged = courses
     assert _gradebook(sharded) == _gradebook(serial)
     assert "graded" in merged.stdout
+
+
+def test_every_grade_records_the_version_and_digest_that_graded_it(courses):
+    """The gradebook's provenance table, the shards' results, the summary and the
+    feedback page all name the course version and the digest that graded each grade."""
+    serial, parallel, sharded, run, merged = courses
+    digest, version = assignment_digest(CHAPTER), paths.course_version()
+    for root in (serial, parallel, sharded):
+        rows = recorded(root / "gradebook.db", CHAPTER)
+        # a row for every grade the grader made (gus's file is no notebook: nbgrader
+        # enters him with nothing graded, and says so)
+        assert set(rows) == set(_gradebook(root)) - {"gus"}, root
+        for student, row in rows.items():
+            assert (row["course_version"], row["digest"], row["seed"]) == (
+                version, digest, 7,
+            ), student  # fmt: skip
+    for k in (1, 2):
+        for line in (sharded.parent / f"shard{k}.jsonl").read_text().splitlines():
+            result = json.loads(line)
+            assert (result["course_version"], result["digest"]) == (version, digest)
+    for out in (run.stdout, merged.stdout):
+        assert f"graded by: course version {version}, digest {digest[:12]}" in out
+        assert re.search(r"re-graded under another digest +0", out)
+    notebook = parallel / "autograded" / "alice" / CHAPTER / f"{CHAPTER}.ipynb"
+    note = nbformat.read(notebook, as_version=4).cells[0]
+    assert note.metadata.get("autograder") == "provenance"
+    assert digest in note.source and f"course version {version}" in note.source
+    _run(sharded, "-m", "nbgrader", "generate_feedback", CHAPTER)
+    page = (sharded / "feedback" / "alice" / CHAPTER / f"{CHAPTER}.html").read_text()
+    assert digest in page and f"course version {version}" in page
+
+
+def test_regrading_under_another_digest_says_so(courses, tmp_path):
+    """A student whose recorded grade came from other tests (here: the provenance table
+    says so) is re-graded: the summary names them, and nbgrader's log warns."""
+    _, parallel, _, _, _ = courses
+    root = tmp_path / "course"
+    shutil.copytree(parallel, root)
+    with sqlite3.connect(root / "gradebook.db") as db:
+        db.execute(
+            f"UPDATE {TABLE} SET digest = ?, course_version = ? WHERE student = ?",
+            ("0" * 64, "0.9.0", "alice"),
+        )
+    run = _run(
+        paths.REPO, "-m", "autograder", "autograde", CHAPTER, "--student", "alice",
+        "--force", "--seed", "7", "--course-dir", str(root),
+    )  # fmt: skip
+    assert re.search(r"re-graded under another digest +1", run.stdout), run.stdout
+    assert (
+        "RE-GRADED UNDER ANOTHER DIGEST alice: was course version 0.9.0" in run.stdout
+    )
+    assert "alice: re-graded under another digest" in run.stderr
+    assert recorded(root / "gradebook.db", CHAPTER)["alice"]["digest"] == (
+        assignment_digest(CHAPTER)
+    )
 
 
 def test_shards_split_a_class_deterministically():

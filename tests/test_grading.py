@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from autograder import paths
+from autograder.grading.provenance import assignment_digest
 from tests.notebooks import (
     grade_cli,
     release_notebook,
@@ -124,10 +125,15 @@ def batch(tmp_path_factory):
 
 
 def test_every_result_has_the_assignments_max_score(batch):
+    digest = assignment_digest(CHAPTER)
     for name, result in batch.items():
         assert result["max_score"] == 10.0, name
         assert result["assignment"] == CHAPTER
         assert {"notebook", "assignment", "score", "max_score", "tests"} <= set(result)
+        # what graded it: the course version and the digest of the tests, references
+        # and tolerances (also for a notebook that could not be read)
+        assert result["course_version"] == paths.course_version(), name
+        assert result["digest"] == digest, name
         for t in result["tests"]:
             assert {"id", "score", "max_score", "passed", "message"} <= set(t)
 
@@ -232,6 +238,13 @@ def test_chapter_is_recognised_without_assignment(tmp_path):
     assert run.returncode == 0, run.stderr
     result = json.loads(run.stdout)
     assert result["assignment"] == CHAPTER and result["score"] == 10.0
+    assert result["digest"] == assignment_digest(CHAPTER)
+    assert result["course_version"] == paths.course_version()
+    human = grade_cli(path, "--assignment", CHAPTER)  # the summary line says it too
+    assert (
+        f"course version {paths.course_version()}, digest {assignment_digest(CHAPTER)[:12]}"
+        in human.stdout
+    )
 
 
 def test_unknown_assignment_is_a_usage_error(tmp_path):

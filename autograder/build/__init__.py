@@ -13,8 +13,9 @@ For each chapter that has hidden tests:
 Every code cell of the course's own (the imports, helpers, visible checks, demos and
 figures: all but the exercise cells) is an nbgrader read-only cell, with a grade id:
 Jupyter will not let the student edit it, and grading runs the course's code in its place
-whatever the submission holds there. The student notebook's first code cell sets it up on Colab (``colab_setup_cell``) and does
-nothing elsewhere. ``stale_files()`` builds into a temporary course and lists the committed
+whatever the submission holds there. The student notebook's first cell names the course
+version (``header_cell``, from ``VERSION``); its first code cell sets it up on Colab
+(``colab_setup_cell``) and does nothing elsewhere. ``stale_files()`` builds into a temporary course and lists the committed
 files that differ from a fresh build.
 """
 
@@ -156,6 +157,30 @@ def lock_course_cell(cell, index: int) -> None:
     cell.metadata.update(_nbgrader(f"cell_{index:03d}", locked=True))
 
 
+def _repository() -> dict:
+    """``repository:`` in ``_config.yml``: the one place the course's address is written."""
+    import yaml
+
+    return yaml.safe_load((paths.REPO / "_config.yml").read_text())["repository"]
+
+
+def repository_url() -> str:
+    return _repository()["url"].rstrip("/")
+
+
+def header_cell():
+    """The notebook's first cell: which course, which version (``VERSION``), where it
+    comes from, under which licences."""
+    cell = nbformat.v4.new_markdown_cell(
+        f"*Attention: from the bottleneck to FlashAttention*, course version "
+        f"**{paths.course_version()}** ([changes]({repository_url()}/blob/{_repository()['branch']}/CHANGELOG.md)). "
+        f"Text and notebooks [CC BY 4.0](https://creativecommons.org/licenses/by/4.0/), "
+        f"code [MIT](https://opensource.org/license/mit); from {repository_url()}."
+    )
+    cell.id = "course-header"
+    return cell
+
+
 def hidden_test_cell(chapter: str, test: HiddenTest):
     source = "\n".join(
         [
@@ -232,6 +257,7 @@ def source_notebook(chapter: str, tests: ChapterTests):
             lock_course_cell(cell, i)
         grade_id = cell.metadata.get("nbgrader", {}).get("grade_id")
         cell.id = grade_id.replace("_", "-") if grade_id else f"cell-{i:03d}"
+    cells.insert(0, header_cell())  # after the ids above: theirs do not move
     nb = nbformat.v4.new_notebook(cells=cells)
     nb.metadata = {
         "kernelspec": {

@@ -194,10 +194,28 @@ def not_autograded(root: Path, assignment: str, results: list[dict]) -> list[str
     )
 
 
-def summary(results: list[dict], slowest: int = 5) -> str:
-    """A short table for the instructor: how many were graded, full marks, zero, with
-    problems while running, not graded, and the slowest submissions."""
+def previous_provenance(root: Path, assignment: str) -> dict[str, dict]:
+    """What graded each student's recorded grade so far (the gradebook's provenance
+    table): read before recording, for :func:`summary`."""
+    from autograder.grading.provenance import recorded
+
+    return recorded(root / "gradebook.db", assignment)
+
+
+def summary(
+    results: list[dict], slowest: int = 5, previous: dict[str, dict] | None = None
+) -> str:
+    """A short table for the instructor: what graded them (course version and digest),
+    how many were graded, full marks, zero, with problems while running, not graded, the
+    slowest submissions, and the students re-graded under another digest than the one
+    their recorded grade had (``previous``: ``previous_provenance``)."""
+    from autograder.grading.provenance import regraded, short
+
     graded = [r for r in results if r["graded"]]
+    stamps = sorted(
+        {(r.get("course_version"), r.get("digest")) for r in graded},
+        key=lambda s: tuple(map(str, s)),
+    )
     rows = [
         ("submissions", len(results)),
         ("graded", len(graded)),
@@ -207,7 +225,19 @@ def summary(results: list[dict], slowest: int = 5) -> str:
         ("not graded (grader fault: grade again)", len(results) - len(graded)),
     ]  # fmt: skip
     width = max(len(name) for name, _ in rows)
-    lines = [f"{name:<{width}}  {count}" for name, count in rows]
+    lines = [
+        f"graded by: course version {version}, digest {short(digest)}"
+        for version, digest in stamps
+    ]
+    if len(stamps) > 1:
+        lines.append(
+            "WARNING: these results were graded under different digests (shards run "
+            "at different versions of the course?)"
+        )
+    lines += [f"{name:<{width}}  {count}" for name, count in rows]
+    again = regraded(previous or {}, results)
+    if previous is not None:
+        lines.append(f"{'re-graded under another digest':<{width}}  {len(again)}")
     ranked = sorted(results, key=lambda r: -r.get("seconds", 0))[:slowest]
     if ranked:
         lines.append("slowest:")
@@ -218,7 +248,7 @@ def summary(results: list[dict], slowest: int = 5) -> str:
     for r in results:
         if not r["graded"]:
             lines.append(f"NOT GRADED {r['student']}: {r['message']}")
-    return "\n".join(lines)
+    return "\n".join(lines + again)
 
 
 def course_root(path: Path | None) -> Path:

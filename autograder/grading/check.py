@@ -1,6 +1,6 @@
 """``python -m autograder check``: is this machine ready to grade? Run it before a deadline.
 
-It starts the jail, proves it on the canary (``preflight.py``), shows from inside a
+It prints the course version and each assignment's digest (``provenance.py``), starts the jail, proves it on the canary (``preflight.py``), shows from inside a
 kernel who it runs as and under which limits, then grades chapter 3's filled-in notebook
 (full marks expected) and its untouched student notebook (zero expected). Exit 0 when
 all holds, 3 when the jail cannot start or a grade comes out wrong.
@@ -18,7 +18,9 @@ import nbformat
 
 from autograder.grading.execute import run_notebook
 from autograder.grading.limits import Limits
-from autograder.paths import nbgrader_source, release_notebook
+from autograder.grading.provenance import assignment_digest
+from autograder.grading.spec import graded_chapters
+from autograder.paths import course_version, nbgrader_source, release_notebook
 
 CHAPTER = "03_self_attention"
 
@@ -58,6 +60,9 @@ def check(limits: Limits) -> int:
         print(line, flush=True)
 
     say(f"grader: uid {os.getuid()}, Python {sys.executable}")
+    say(f"course version {course_version()}; digests of what grades each assignment:")
+    for chapter in graded_chapters():
+        say(f"     {chapter}: {assignment_digest(chapter)}")
     started = time.monotonic()
     try:
         sandbox = Sandbox(limits)

@@ -29,6 +29,7 @@ from autograder.grading.execute import Run, run_notebook
 from autograder.grading.judge import Verdict, verdict
 from autograder.grading.limits import Limits
 from autograder.grading.prepare import PreparedTest, prepare
+from autograder.grading.provenance import stamp
 from autograder.grading.sandbox import KernelEnd, Sandbox, Unsandboxed
 from autograder.grading.spec import ChapterTests, graded_chapters, load_chapter_tests
 from autograder.grading.student_code import (
@@ -191,6 +192,7 @@ def _grade_notebook(path, assignment, seed, limits, sandbox, retry, batch) -> di
         "graded": True,
         "message": "",
     }
+    stamp(result, None)  # the course version; the digest once the assignment is known
     tests = _set_assignment(result, assignment) if assignment else None
     try:
         nb = nbformat.read(path, as_version=4)
@@ -270,9 +272,11 @@ def _grade_notebook(path, assignment, seed, limits, sandbox, retry, batch) -> di
 
 
 def _set_assignment(result: dict, chapter: str) -> ChapterTests:
-    """The assignment fixes the tests and ``max_score``, whatever the submission holds."""
+    """The assignment fixes the tests and ``max_score``, whatever the submission holds,
+    and the digest of what grades it (``provenance.assignment_digest``)."""
     tests = load_chapter_tests(chapter)
     result["assignment"] = chapter
+    stamp(result, chapter)
     result["max_score"] = tests.max_score
     result["tests"] = [
         Verdict(t.id, t.points, False, "not graded").as_json() for t in tests.tests

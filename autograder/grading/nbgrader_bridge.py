@@ -13,6 +13,10 @@ exit status 3 and one message if it cannot start; a submission whose grading a g
 fault spoiled even after a second try raises, so nbgrader records nothing for it (and
 the gradebook entry this run created for it is removed again).
 
+Each graded submission's provenance (the course version and the assignment's digest,
+``provenance.py``) goes into the gradebook's table ``autograder_provenance`` and into a
+note at the top of the autograded notebook, so the feedback page shows it.
+
 ``python -m autograder autograde`` (``autograde.py``) grades a whole class in parallel
 first and then runs ``nbgrader autograde`` with the results in a file named by the
 environment variable ``AUTOGRADER_VERDICTS``: a submission whose restored cells are the
@@ -131,6 +135,7 @@ class SandboxedExecute(NbGraderPreprocessor):
             raise RuntimeError(f"[autograder] {result['message']}")
         if result["message"]:
             self.log.warning("%s", result["message"])
+        self._record_provenance(nb, resources["nbgrader"], assignment, result)
         verdicts = {t["id"]: t for t in result["tests"]}
         for cell in nb.cells:
             grade_id = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
@@ -156,6 +161,35 @@ class SandboxedExecute(NbGraderPreprocessor):
                     )
                 ]
         return nb, resources
+
+    def _record_provenance(self, nb, info: dict, assignment: str, result: dict) -> None:
+        """What graded it: a row in the gradebook's provenance table (a warning when the
+        student was graded before under another digest) and a note at the top of the
+        autograded notebook, which the feedback page shows."""
+        from autograder.grading import provenance
+
+        student, db_url = info.get("student"), info.get("db_url")
+        if db_url and student:
+            before = provenance.recorded(db_url, assignment).get(student)
+            if before and before["digest"] != result.get("digest"):
+                self.log.warning(
+                    "[autograder] %s: re-graded under another digest: was course "
+                    "version %s, digest %s; now %s",
+                    student,
+                    before["course_version"],
+                    provenance.short(before["digest"]),
+                    provenance.describe(result),
+                )
+            provenance.record_in_gradebook(db_url, assignment, student, result)
+        note = nbformat.v4.new_markdown_cell(provenance.feedback_note(result))
+        note.metadata["autograder"] = "provenance"
+        note.id = "autograder-provenance"
+        nb.cells = [
+            c
+            for c in nb.cells
+            if c.get("metadata", {}).get("autograder") != "provenance"
+        ]
+        nb.cells.insert(0, note)
 
     def _grade_here(self, nb, info: dict, assignment: str) -> dict:
         from autograder.grading.grade import grade_notebook

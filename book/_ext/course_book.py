@@ -12,6 +12,8 @@
 4. The book is published at ``https://<org>.github.io/<repo>/`` (GitHub Pages, a project
    sub-path): its canonical address and its 404 page (``sphinx-notfound-page``, whose
    links must be absolute to work from any depth) follow from the repository.
+5. Every page's footer names the course version (``VERSION``, the one place it is
+   written), the licences, and links to the About page (licence, versions, how to cite).
 
 Every link is derived from ``repository.url`` and ``repository.branch`` in ``_config.yml``
 and from its ``launch_buttons`` section.
@@ -158,6 +160,34 @@ def point_buttons_at_student_notebook(app, pagename, templatename, context, doct
                 button["tooltip"] = "Download the student notebook"
 
 
+ABOUT_PAGE = "book/about"
+LICENCES = (
+    'Text, figures and notebooks: <a href="https://creativecommons.org/licenses/by/4.0/">'
+    'CC BY 4.0</a>; code: <a href="https://opensource.org/license/mit">MIT</a>'
+)
+
+
+def course_version(app: Sphinx) -> str:
+    return (Path(app.srcdir) / "VERSION").read_text().strip()
+
+
+def set_version(app: Sphinx, config) -> None:
+    """``config-inited``: Sphinx's own ``version`` and ``release`` are the course's."""
+    config.version = config.release = course_version(app)
+
+
+def add_footer(app, pagename, templatename, context, doctree):
+    """``html-page-context``: the theme's extra footer, on every page: the version, the
+    licences, and a link to the About page (relative, so it works wherever the book is
+    served)."""
+    about = context["pathto"](ABOUT_PAGE)
+    context["theme_extra_footer"] = (
+        f'<p class="course-footer">Course version {html.escape(course_version(app))}. '
+        f"{LICENCES}. "
+        f'<a href="{about}">Licence, changes and how to cite this course</a>.</p>'
+    )
+
+
 def drop_duplicate_scripts(app, pagename, templatename, context, doctree):
     """``html-page-context``: Jupyter Book registers some inline scripts twice (sphinx-thebe's
     ``const THEBE_JS_URL = ...``, a SyntaxError the second time); keep each script once."""
@@ -250,6 +280,8 @@ def setup(app: Sphinx) -> dict:
     app.connect("config-inited", use_local_mathjax)
     # after sphinx-external-toc has made the table of contents' root the root document
     app.connect("config-inited", publish_under_project_path, priority=900)
+    app.connect("config-inited", set_version)
+    app.connect("html-page-context", add_footer)
     app.connect("doctree-resolved", add_launch_bar)
     # after sphinx-book-theme's header buttons (priority 501)
     app.connect("html-page-context", point_buttons_at_student_notebook, priority=502)
