@@ -18,6 +18,7 @@ import yaml
 from autograder.build.book import book_command, book_env
 from autograder.paths import REPO, chapter_ids
 from tests.browser import Browser, Site
+from tests.figures import alt_text_problems
 from tests.notebooks import CHAPTERS
 
 pytestmark = pytest.mark.slow
@@ -104,6 +105,26 @@ def test_complete_chapter_page_shows_figures_and_no_errors(html, chapter):
         page
     )  # the page shows the stubs, not the answers
     assert "\N{CHECK MARK}" in page  # the visible checks ran (on the reference)
+
+
+def _figure_alts(page_html: str) -> list[tuple[str, str | None]]:
+    """``(src, alt)`` of every figure an executed cell or a figure directive put on a page."""
+    found = []
+    for tag in re.findall(r"<img\b[^>]*>", page_html):
+        src = re.search(r'\bsrc="([^"]*)"', tag)
+        if src and "_images/" in src.group(1):
+            alt = re.search(r'\balt="([^"]*)"', tag)
+            found.append(
+                (src.group(1), html_module.unescape(alt.group(1)) if alt else None)
+            )
+    return found
+
+
+@pytest.mark.parametrize("page", _toc_pages())
+def test_every_figure_says_what_it_shows(html, page):
+    """A text alternative of a sentence or more, not a file name, and no two the same."""
+    alts = _figure_alts((html / page).read_text())
+    assert not alt_text_problems([(f"{page}: {src}", alt) for src, alt in alts])
 
 
 def test_citations_resolve_to_the_bibliography(html):

@@ -7,6 +7,7 @@ import pytest
 from nbclient import NotebookClient
 
 from autograder.build.book import STRICT_CLAIMS
+from tests.figures import alt_text_problems
 from tests.notebooks import student_notebook
 
 pytestmark = pytest.mark.slow
@@ -40,6 +41,15 @@ def test_filled_in_notebook_runs_top_to_bottom(
         if o.output_type == "error"
     ]
     assert not errors
+    # every figure the notebook draws carries its text alternative (myst-nb's metadata,
+    # which the book renders as the image's alt)
+    figures = [
+        (f"cell {i}", c.metadata.get("mystnb", {}).get("image", {}).get("alt"))
+        for i, c in enumerate(nb.cells)
+        if c.cell_type == "code"
+        and any("image/png" in o.get("data", {}) for o in c.get("outputs", []))
+    ]
+    assert not alt_text_problems(figures)
     check_cells = [c for c in nb.cells if "checks" in c.metadata.get("tags", [])]
     printed = "".join(o.get("text", "") for c in check_cells for o in c.outputs)
     assert check_cells and printed.count("\N{CHECK MARK}") == len(check_cells)

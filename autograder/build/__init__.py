@@ -214,6 +214,8 @@ def source_notebook(chapter: str, tests: ChapterTests):
             new = nbformat.v4.new_markdown_cell(to_jupyter_markdown(cell.source))
         else:
             new = nbformat.v4.new_code_cell(cell.source)
+            if "mystnb" in cell.metadata:  # a figure's text alternative travels with it
+                new.metadata["mystnb"] = cell.metadata["mystnb"]
         if kept_tags:
             new.metadata["tags"] = kept_tags
         if "course-utils" in tags:
