@@ -201,6 +201,9 @@ return {
   math: math.length,
   untypeset: math.filter((m) => !m.querySelector("mjx-container")).length,
   texErrors: document.querySelectorAll("mjx-merror").length,
+  // MathJax's assistive MathML: what a screen reader reads for each formula
+  assistive: document.querySelectorAll("main mjx-container > mjx-assistive-mml math").length,
+  typeset: document.querySelectorAll("main mjx-container").length,
   figures: [...document.querySelectorAll("main img")].map(
     (img) => ({src: img.src, loaded: img.complete && img.naturalWidth > 0})),
   links: [...document.querySelectorAll("a[href]")].map((a) => a.href),
@@ -291,6 +294,9 @@ def test_chapter_page_reads_well_in_a_browser(visit, chapter):
         f"{report['untypeset']} of {report['math']} formulas were not typeset"
     )
     assert report["texErrors"] == 0, "MathJax reports a TeX error"
+    assert report["assistive"] == report["typeset"] > 0, (
+        "a formula without the MathML that assistive technology reads"
+    )
     figures = [f for f in report["figures"] if "/_images/" in f["src"]]
     assert len(figures) >= 2 and all(f["loaded"] for f in figures)
 
@@ -396,3 +402,73 @@ def test_page_meets_wcag_21_aa(site, browser, page, dark):
         + "; ".join(n["html"][:120] for n in v["nodes"][:5])
         for v in violations
     )
+
+
+# Keyboard: every part of a chapter page is reached with Tab, with its focus visible ------
+
+# Record each element that takes the focus, and whether a focus ring is drawn around it.
+RECORD_FOCUS = """() => {
+  window.focusWalk = [];
+  document.addEventListener("focusin", (event) => {
+    const element = event.target, style = getComputedStyle(element);
+    const ring = (style.outlineStyle !== "none" && parseFloat(style.outlineWidth) >= 1)
+      || (style.boxShadow !== "none" && !/rgba\\([^)]*, 0\\)/.test(style.boxShadow));
+    element.dataset.focusOrder = window.focusWalk.length;
+    window.focusWalk.push({ring, html: element.outerHTML.slice(0, 120)});
+  });
+}"""
+# What a keyboard user must reach on every chapter page: skipping to the content, the
+# search, the launch menu and the launch bar, every chapter in the navigation, and every
+# toggle that shows a hidden cell.
+MUST_REACH = [
+    ".skip-link a",
+    "button.search-button__button",
+    ".dropdown-launch-buttons button.dropdown-toggle",
+    ".course-launch-bar a",
+    ".bd-sidenav a.reference",
+    "main details > summary",
+]
+
+
+@pytest.mark.parametrize("chapter", chapter_ids())
+def test_a_chapter_page_works_with_the_keyboard_alone(site, browser, chapter):
+    page, visit = browser.open(site.url + _chapter_page(chapter))
+    try:
+        page.evaluate(RECORD_FOCUS)
+        stops = page.evaluate(
+            "() => document.querySelectorAll('a[href], button, summary, [tabindex]').length"
+        )
+        for _ in range(stops + 5):  # one Tab per focusable element, and round again
+            page.keyboard.press("Tab")
+        walk = page.evaluate("() => window.focusWalk")
+        unreached = {
+            selector: page.evaluate(
+                "(s) => [...document.querySelectorAll(s)]"
+                ".filter((e) => e.offsetParent !== null && !e.dataset.focusOrder)"
+                ".map((e) => e.outerHTML.slice(0, 100))",
+                selector,
+            )
+            for selector in MUST_REACH
+        }
+        assert not {s: u for s, u in unreached.items() if u}, unreached
+        assert all(page.locator(s).count() for s in MUST_REACH[:5])
+        no_ring = [stop["html"] for stop in walk if not stop["ring"]]
+        assert not no_ring, f"focus is not visible on {no_ring[:5]}"
+        # the launch menu opens from the keyboard, and its first entry takes the focus
+        page.focus(".dropdown-launch-buttons button.dropdown-toggle")
+        page.keyboard.press("Enter")
+        page.keyboard.press("ArrowDown")
+        assert page.evaluate(
+            "() => document.activeElement.closest('.dropdown-launch-buttons .dropdown-menu') !== null"
+        )
+        page.keyboard.press("Escape")
+        # the search opens from the keyboard and takes a query
+        page.focus("button.search-button__button")
+        page.keyboard.press("Enter")
+        page.keyboard.type("softmax")
+        with page.expect_navigation():
+            page.keyboard.press("Enter")
+        assert "search.html" in page.url and "softmax" in page.url
+        assert not visit.errors, visit.errors
+    finally:
+        page.context.close()
