@@ -1,4 +1,4 @@
-"""Hidden tests for chapter 8, efficient attention (19 points).
+"""Hidden tests for chapter 8, efficient attention (21 points).
 
 The exact methods are compared with the reference, which equals PyTorch's
 ``F.scaled_dot_product_attention`` (tests/test_efficient_attention.py checks that); they may
@@ -84,6 +84,37 @@ def _flash_causal_cases(g):
             block_size=5,
             causal=True,
             label="causal with very large logits",
+        ),
+    ]
+
+
+def _bias_cases(g):
+    """Inputs (..., h, n, d) and a table of h rows of 2K + 1 offset biases."""
+
+    def inputs(batch, h, n_q, n_k, d, d_v, K, bias_scale=1.0):
+        return (
+            *_qkv(g, (*batch, h), n_q, n_k, d, d_v),
+            randn(g, h, 2 * K + 1, scale=bias_scale),
+        )
+
+    return [
+        case(
+            *inputs((2,), 2, 10, 10, 8, 8, 3), block_size=4, label="blocks of 4, K = 3"
+        ),
+        case(
+            *inputs((), 3, 7, 12, 8, 5, 2),
+            block_size=5,
+            label="n_q != n_k and d != d_v",
+        ),
+        case(*inputs((2,), 2, 9, 9, 4, 4, 1), block_size=1, label="blocks of one key"),
+        case(
+            *inputs((1,), 4, 20, 20, 8, 8, 25),
+            label="default block_size, K larger than n (no offset clipped)",
+        ),
+        case(
+            *inputs((2,), 2, 12, 12, 8, 8, 4, bias_scale=100.0),
+            block_size=3,
+            label="large biases, positive and negative",
         ),
     ]
 
@@ -256,6 +287,15 @@ TESTS = [
         points=2,
         description="flash_attention with causal=True equals causal softmax attention",
         make_cases=_flash_causal_cases,
+        forbidden=("sdpa", "softmax"),
+    ),
+    HiddenTest(
+        id="ea_flash_bias",
+        exercise="flash_attention_with_bias",
+        points=2,
+        description="flash_attention_with_bias equals softmax attention plus the "
+        "materialised relative-position bias, for any block size",
+        make_cases=_bias_cases,
         forbidden=("sdpa", "softmax"),
     ),
     HiddenTest(
