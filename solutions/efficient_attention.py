@@ -174,11 +174,16 @@ def performer_attention(
 
 
 def linformer_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, E: torch.Tensor, F: torch.Tensor
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    proj_k: torch.Tensor,
+    proj_v: torch.Tensor,
 ) -> torch.Tensor:
-    """Linformer: keys and values projected along the sequence axis to length k."""
-    keys = E @ k  # (k, n_k) @ (..., n_k, d) -> (..., k, d)
-    values = F @ v  # (..., k, d_v)
+    """Linformer: keys and values projected along the sequence axis to length k (the
+    paper's E is proj_k, its F proj_v)."""
+    keys = proj_k @ k  # (k, n_k) @ (..., n_k, d) -> (..., k, d)
+    values = proj_v @ v  # (..., k, d_v)
     scores = q @ keys.transpose(-2, -1) / math.sqrt(q.size(-1))  # (..., n_q, k)
     return torch.softmax(scores, dim=-1) @ values  # (..., n_q, d_v)
 

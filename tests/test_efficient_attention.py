@@ -428,8 +428,8 @@ def _performer_own_projection(q, k, v, num_features, projection=None):
     )
 
 
-def _linformer_e_for_both(q, k, v, E, F):
-    return ea.linformer_attention(q, k, v, E, E)
+def _linformer_e_for_both(q, k, v, proj_k, proj_v):
+    return ea.linformer_attention(q, k, v, proj_k, proj_k)
 
 
 def _gqa_expand_wrong_order(q, k, v, mask=None):
@@ -624,9 +624,9 @@ def _performer_explicit(q, k, v, num_features, projection=None):
     return weights @ v / weights.sum(-1, keepdim=True)
 
 
-def _linformer_einsum(q, k, v, E, F):
-    keys = torch.einsum("kn,...nd->...kd", E, k)
-    values = torch.einsum("kn,...nd->...kd", F, v)
+def _linformer_einsum(q, k, v, proj_k, proj_v):
+    keys = torch.einsum("kn,...nd->...kd", proj_k, k)
+    values = torch.einsum("kn,...nd->...kd", proj_v, v)
     return (
         torch.softmax(
             torch.einsum("...id,...kd->...ik", q, keys) / q.size(-1) ** 0.5, -1

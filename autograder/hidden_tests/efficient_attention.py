@@ -193,9 +193,9 @@ def _linformer_cases(g):
         ),
         case(
             *_qkv(g, (2,), 10, 12, 8, 5),
-            randn(g, 5, 12, scale=0.3),
-            randn(g, 5, 12, scale=0.3),
-            label="n_q != n_k and d != d_v",
+            proj_k=randn(g, 5, 12, scale=0.3),
+            proj_v=randn(g, 5, 12, scale=0.3),
+            label="n_q != n_k and d != d_v, projections passed by name",
         ),
         case(
             *_qkv(g, (3,), 6, 6, 16, 16),
@@ -347,7 +347,8 @@ TESTS = [
         id="ea_linformer",
         exercise="linformer_attention",
         points=1,
-        description="linformer_attention projects keys with E and values with F",
+        description="linformer_attention projects the keys with proj_k (E) and the values "
+        "with proj_v (F)",
         make_cases=_linformer_cases,
     ),
     HiddenTest(

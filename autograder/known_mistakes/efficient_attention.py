@@ -251,22 +251,22 @@ def _wrong_performer(*, scale="quarter", normalise=True, features=None):
     return performer
 
 
-def _linformer_projects_queries(q, k, v, E, F):
-    if E.size(-1) != q.size(-2):
+def _linformer_projects_queries(q, k, v, proj_k, proj_v):
+    if proj_k.size(-1) != q.size(-2):
         return _attention(q, k, v)  # the shapes do not allow it: plain attention
-    return _attention(E @ q, k, v)
+    return _attention(proj_k @ q, k, v)
 
 
-def _linformer_swapped(q, k, v, E, F):
-    return _attention(q, F @ k, E @ v)
+def _linformer_swapped(q, k, v, proj_k, proj_v):
+    return _attention(q, proj_v @ k, proj_k @ v)
 
 
-def _linformer_unscaled(q, k, v, E, F):
-    return _attention(q, E @ k, F @ v, scale=1.0)
+def _linformer_unscaled(q, k, v, proj_k, proj_v):
+    return _attention(q, proj_k @ k, proj_v @ v, scale=1.0)
 
 
-def _linformer_scaled_by_k(q, k, v, E, F):
-    return _attention(q, E @ k, F @ v, scale=1 / math.sqrt(E.size(0)))
+def _linformer_scaled_by_k(q, k, v, proj_k, proj_v):
+    return _attention(q, proj_k @ k, proj_v @ v, scale=1 / math.sqrt(proj_k.size(0)))
 
 
 def _wrong_gqa(*, expand="interleave", scale=True, use_mask=True, softmax_dim=-1):
@@ -579,14 +579,15 @@ MISTAKES = [
     Mistake(
         "linformer_attention",
         "queries projected",
-        "your output has the projected length: project the keys (E) and the values (F), not "
-        "the queries; every query keeps its own output.",
+        "your output has the projected length: project the keys (proj_k) and the values "
+        "(proj_v), not the queries; every query keeps its own output.",
         _linformer_projects_queries,
     ),
     Mistake(
         "linformer_attention",
         "E and F swapped",
-        "your projections look swapped: E projects the keys and F the values.",
+        "your projections look swapped: proj_k (the paper's E) projects the keys and "
+        "proj_v (F) the values.",
         _linformer_swapped,
     ),
     Mistake(
