@@ -82,9 +82,8 @@ def flash_attention_with_bias(
         j = torch.arange(start, end, device=q.device)[None, :]
         bias = rel_bias[:, (j - i).clamp(-K, K) + K]
         s = q @ k[..., start:end, :].transpose(-2, -1) + bias  # (..., h, n_q, b)
-        m_new = torch.maximum(
-            m, s.amax(dim=-1, keepdim=True)
-        )  # max of the biased scores
+        biased_max = s.amax(dim=-1, keepdim=True)  # the bias takes part in the maximum
+        m_new = torch.maximum(m, biased_max)
         p = torch.exp(s - m_new)
         alpha = torch.exp(m - m_new)
         denom = alpha * denom + p.sum(dim=-1, keepdim=True)
