@@ -61,6 +61,37 @@ def flash_attention(
     return acc / denom  # normalise once, at the end
 
 
+def flash_attention_with_bias(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    rel_bias: torch.Tensor,
+    block_size: int = 64,
+) -> torch.Tensor:
+    """Flash attention with a relative-position bias, computed tile by tile."""
+    n_q, n_k = q.size(-2), k.size(-2)
+    K = (rel_bias.size(-1) - 1) // 2  # the clipping distance
+    q = q / math.sqrt(q.size(-1))  # the bias itself is not scaled
+    m = q.new_full((*q.shape[:-1], 1), float("-inf"))  # (..., h, n_q, 1)
+    denom = q.new_zeros((*q.shape[:-1], 1))
+    acc = q.new_zeros((*q.shape[:-1], v.size(-1)))  # (..., h, n_q, d_v)
+    i = torch.arange(n_q, device=q.device)[:, None]  # global query positions
+    for start in range(0, n_k, block_size):
+        end = min(start + block_size, n_k)
+        # the tile's bias, from the global positions of its keys: (h, n_q, b), never (n, n)
+        j = torch.arange(start, end, device=q.device)[None, :]
+        bias = rel_bias[:, (j - i).clamp(-K, K) + K]
+        s = q @ k[..., start:end, :].transpose(-2, -1) + bias  # (..., h, n_q, b)
+        biased_max = s.amax(dim=-1, keepdim=True)  # the bias takes part in the maximum
+        m_new = torch.maximum(m, biased_max)
+        p = torch.exp(s - m_new)
+        alpha = torch.exp(m - m_new)
+        denom = alpha * denom + p.sum(dim=-1, keepdim=True)
+        acc = alpha * acc + p @ v[..., start:end, :]
+        m = m_new
+    return acc / denom
+
+
 def sliding_window_mask(
     n: int, window: int, device: torch.device | str | None = None
 ) -> torch.Tensor:
@@ -142,11 +173,16 @@ def performer_attention(
 
 
 def linformer_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, E: torch.Tensor, F: torch.Tensor
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    proj_k: torch.Tensor,
+    proj_v: torch.Tensor,
 ) -> torch.Tensor:
-    """Linformer: keys and values projected along the sequence axis to length k."""
-    keys = E @ k  # (k, n_k) @ (..., n_k, d) -> (..., k, d)
-    values = F @ v  # (..., k, d_v)
+    """Linformer: keys and values projected along the sequence axis to length k (the
+    paper's E is proj_k, its F proj_v)."""
+    keys = proj_k @ k  # (k, n_k) @ (..., n_k, d) -> (..., k, d)
+    values = proj_v @ v  # (..., k, d_v)
     scores = q @ keys.transpose(-2, -1) / math.sqrt(q.size(-1))  # (..., n_q, k)
     return torch.softmax(scores, dim=-1) @ values  # (..., n_q, d_v)
 

@@ -199,7 +199,12 @@ def _chapter_namespace() -> dict:
     students read is the code measured here."""
     cells = jupytext.read(paths.chapter_source(CHAPTER)).cells
     (source,) = [c.source for c in cells if "class TensorMemory" in c.source]
-    namespace = {"torch": torch, "math": math, "time": __import__("time")}
+    namespace = {
+        "torch": torch,
+        "math": math,
+        "time": __import__("time"),
+        "glue": lambda name, value: None,  # the book's glue; nothing to hand on here
+    }
     exec(source, namespace)
     return namespace
 
@@ -354,6 +359,38 @@ def _flash_block_softmax_average(q, k, v, block_size=64, causal=False):
     return torch.stack(outs).mean(0)
 
 
+def _bias_materialised(q, k, v, rel_bias, block_size=64):
+    """The (h, n_q, n_k) bias of the table, formed whole; float64 softmax by hand."""
+    K = (rel_bias.size(-1) - 1) // 2
+    offset = torch.arange(k.size(-2))[None, :] - torch.arange(q.size(-2))[:, None]
+    bias = rel_bias[:, offset.clamp(-K, K) + K].double()
+    s = (q.double() @ k.double().transpose(-2, -1)) / math.sqrt(q.size(-1)) + bias
+    p = torch.exp(s - s.amax(-1, keepdim=True))
+    return (p / p.sum(-1, keepdim=True)) @ v.double()
+
+
+def _bias_first_block_only(q, k, v, rel_bias, block_size=64):
+    """Adds the bias to the first block of keys and leaves the other blocks unbiased."""
+    K = (rel_bias.size(-1) - 1) // 2
+    offset = torch.arange(k.size(-2))[None, :] - torch.arange(q.size(-2))[:, None]
+    bias = rel_bias[:, offset.clamp(-K, K) + K]
+    bias[..., block_size:] = 0.0
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1)) + bias
+    p = torch.exp(scores - scores.amax(-1, keepdim=True))
+    return p @ v / p.sum(-1, keepdim=True)
+
+
+def _bias_as_alibi_slopes(q, k, v, rel_bias, block_size=64):
+    """Reads the table as ALiBi: -m |i - j| with m taken from the column of offset +1."""
+    K = (rel_bias.size(-1) - 1) // 2
+    slope = -rel_bias[:, min(K + 1, 2 * K)]
+    distance = (torch.arange(q.size(-2))[:, None] - torch.arange(k.size(-2))).abs()
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+    scores = scores - slope[:, None, None] * distance
+    p = torch.exp(scores - scores.amax(-1, keepdim=True))
+    return p @ v / p.sum(-1, keepdim=True)
+
+
 def _window_lower_band_only(n, window, device=None):
     return torch.ones(n, n, dtype=torch.bool).tril(window)
 
@@ -396,8 +433,8 @@ def _performer_own_projection(q, k, v, num_features, projection=None):
     )
 
 
-def _linformer_e_for_both(q, k, v, E, F):
-    return ea.linformer_attention(q, k, v, E, E)
+def _linformer_e_for_both(q, k, v, proj_k, proj_v):
+    return ea.linformer_attention(q, k, v, proj_k, proj_k)
 
 
 def _gqa_expand_wrong_order(q, k, v, mask=None):
@@ -437,6 +474,10 @@ INDEPENDENT_WRONG_ANSWERS = {
         _flash_bottom_right_causal: ["ea_flash_causal"],
         _flash_half_precision: ["ea_flash", "ea_flash_causal"],
         _flash_block_softmax_average: ["ea_flash"],
+    },
+    "flash_attention_with_bias": {
+        _bias_first_block_only: ["ea_flash_bias"],
+        _bias_as_alibi_slopes: ["ea_flash_bias"],
     },
     "sliding_window_mask": {
         _window_lower_band_only: ["ea_window_mask"],
@@ -510,6 +551,38 @@ def _flash_two_level_tiles(q, k, v, block_size=64, causal=False):
     return out
 
 
+def _bias_query_tiles(q, k, v, rel_bias, block_size=64):
+    """FlashAttention-2's order: query tiles outside; each tile's bias from a gather of the
+    table by the tile's global positions; float64 running sums."""
+    K = (rel_bias.size(-1) - 1) // 2
+    table = rel_bias.double()
+    out = torch.empty(*q.shape[:-1], v.size(-1), dtype=torch.float64)
+    for qs in range(0, q.size(-2), block_size):
+        qi = q[..., qs : qs + block_size, :].double() / math.sqrt(q.size(-1))
+        rows = torch.arange(qs, qs + qi.size(-2))[:, None]
+        m = torch.full((*qi.shape[:-1], 1), -1e300, dtype=torch.float64)
+        den = torch.zeros_like(m)
+        acc = torch.zeros(*qi.shape[:-1], v.size(-1), dtype=torch.float64)
+        for ks in range(0, k.size(-2), block_size):
+            kj = k[..., ks : ks + block_size, :].double()
+            cols = torch.arange(ks, ks + kj.size(-2))[None, :]
+            index = (
+                torch.clamp(cols - rows, min=-K, max=K) + K
+            )  # (tile rows, tile cols)
+            bias = torch.stack([table[u][index] for u in range(table.size(0))])
+            s = qi @ kj.transpose(-2, -1) + bias
+            m_new = torch.maximum(m, s.max(-1, keepdim=True).values)
+            p = torch.exp(s - m_new)
+            den = den * torch.exp(m - m_new) + p.sum(-1, keepdim=True)
+            acc = (
+                acc * torch.exp(m - m_new)
+                + p @ v[..., ks : ks + block_size, :].double()
+            )
+            m = m_new
+        out[..., qs : qs + block_size, :] = acc / den
+    return out
+
+
 def _window_by_bands(n, window, device=None):
     ones = torch.ones(n, n, dtype=torch.bool, device=device)
     return ones.triu(-window) & ones.tril(window)
@@ -556,9 +629,9 @@ def _performer_explicit(q, k, v, num_features, projection=None):
     return weights @ v / weights.sum(-1, keepdim=True)
 
 
-def _linformer_einsum(q, k, v, E, F):
-    keys = torch.einsum("kn,...nd->...kd", E, k)
-    values = torch.einsum("kn,...nd->...kd", F, v)
+def _linformer_einsum(q, k, v, proj_k, proj_v):
+    keys = torch.einsum("kn,...nd->...kd", proj_k, k)
+    values = torch.einsum("kn,...nd->...kd", proj_v, v)
     return (
         torch.softmax(
             torch.einsum("...id,...kd->...ik", q, keys) / q.size(-1) ** 0.5, -1
@@ -587,6 +660,7 @@ def _kv_by_recomputation(q_t, k_t, v_t, cache=None):
 INDEPENDENT_CORRECT_ANSWERS = {
     "chunked_attention": [_chunked_split_einsum],
     "flash_attention": [_flash_two_level_tiles],
+    "flash_attention_with_bias": [_bias_query_tiles, _bias_materialised],
     "sliding_window_mask": [_window_by_bands],
     "local_attention": [_local_by_mask],
     "linear_attention": [_linear_recurrent],

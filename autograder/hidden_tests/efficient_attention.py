@@ -1,4 +1,4 @@
-"""Hidden tests for chapter 8, efficient attention (19 points).
+"""Hidden tests for chapter 8, efficient attention (21 points).
 
 The exact methods are compared with the reference, which equals PyTorch's
 ``F.scaled_dot_product_attention`` (tests/test_efficient_attention.py checks that); they may
@@ -88,6 +88,37 @@ def _flash_causal_cases(g):
     ]
 
 
+def _bias_cases(g):
+    """Inputs (..., h, n, d) and a table of h rows of 2K + 1 offset biases."""
+
+    def inputs(batch, h, n_q, n_k, d, d_v, K, bias_scale=1.0):
+        return (
+            *_qkv(g, (*batch, h), n_q, n_k, d, d_v),
+            randn(g, h, 2 * K + 1, scale=bias_scale),
+        )
+
+    return [
+        case(
+            *inputs((2,), 2, 10, 10, 8, 8, 3), block_size=4, label="blocks of 4, K = 3"
+        ),
+        case(
+            *inputs((), 3, 7, 12, 8, 5, 2),
+            block_size=5,
+            label="n_q != n_k and d != d_v",
+        ),
+        case(*inputs((2,), 2, 9, 9, 4, 4, 1), block_size=1, label="blocks of one key"),
+        case(
+            *inputs((1,), 4, 20, 20, 8, 8, 25),
+            label="default block_size, K larger than n (no offset clipped)",
+        ),
+        case(
+            *inputs((2,), 2, 12, 12, 8, 8, 4, bias_scale=100.0),
+            block_size=3,
+            label="large biases, positive and negative",
+        ),
+    ]
+
+
 def _window_mask_cases(g):
     return [
         case(n, w, label=f"n = {n}, window = {w}")
@@ -162,9 +193,9 @@ def _linformer_cases(g):
         ),
         case(
             *_qkv(g, (2,), 10, 12, 8, 5),
-            randn(g, 5, 12, scale=0.3),
-            randn(g, 5, 12, scale=0.3),
-            label="n_q != n_k and d != d_v",
+            proj_k=randn(g, 5, 12, scale=0.3),
+            proj_v=randn(g, 5, 12, scale=0.3),
+            label="n_q != n_k and d != d_v, projections passed by name",
         ),
         case(
             *_qkv(g, (3,), 6, 6, 16, 16),
@@ -259,6 +290,15 @@ TESTS = [
         forbidden=("sdpa", "softmax"),
     ),
     HiddenTest(
+        id="ea_flash_bias",
+        exercise="flash_attention_with_bias",
+        points=2,
+        description="flash_attention_with_bias equals softmax attention plus the "
+        "materialised relative-position bias, for any block size",
+        make_cases=_bias_cases,
+        forbidden=("sdpa", "softmax"),
+    ),
+    HiddenTest(
         id="ea_window_mask",
         exercise="sliding_window_mask",
         points=1,
@@ -307,7 +347,8 @@ TESTS = [
         id="ea_linformer",
         exercise="linformer_attention",
         points=1,
-        description="linformer_attention projects keys with E and values with F",
+        description="linformer_attention projects the keys with proj_k (E) and the values "
+        "with proj_v (F)",
         make_cases=_linformer_cases,
     ),
     HiddenTest(

@@ -107,6 +107,42 @@ def _wrong_flash(
     return flash
 
 
+def _wrong_flash_bias(
+    *, sign=1.0, offset="global", after_max=False, scale_bias=False, direction="j - i"
+):
+    """flash_attention_with_bias with one deliberate slip: ``sign`` -1 subtracts the bias;
+    ``offset`` "local" reads the tile's keys as positions 0 ... b - 1; ``after_max`` takes
+    the running maximum of the unbiased scores; ``scale_bias`` divides the bias by sqrt(d)
+    too; ``direction`` "i - j" reads the table by the opposite offset."""
+
+    def flash(q, k, v, rel_bias, block_size=64):
+        n_q, n_k, d = q.size(-2), k.size(-2), q.size(-1)
+        K = (rel_bias.size(-1) - 1) // 2
+        m = q.new_full((*q.shape[:-1], 1), float("-inf"))
+        denom = q.new_zeros((*q.shape[:-1], 1))
+        acc = q.new_zeros((*q.shape[:-1], v.size(-1)))
+        i = torch.arange(n_q)[:, None]
+        for start in range(0, n_k, block_size):
+            end = min(start + block_size, n_k)
+            j = torch.arange(start, end)[None, :]
+            if offset == "local":
+                j = j - start
+            rel = j - i if direction == "j - i" else i - j
+            bias = sign * rel_bias[:, rel.clamp(-K, K) + K]
+            raw = q @ k[..., start:end, :].transpose(-2, -1)
+            s = (raw + bias) / math.sqrt(d) if scale_bias else raw / math.sqrt(d) + bias
+            ruler = raw / math.sqrt(d) if after_max else s
+            m_new = torch.maximum(m, ruler.amax(dim=-1, keepdim=True))
+            p = torch.exp(s - m_new)
+            alpha = torch.exp(m - m_new)
+            denom = alpha * denom + p.sum(dim=-1, keepdim=True)
+            acc = alpha * acc + p @ v[..., start:end, :]
+            m = m_new
+        return acc / denom
+
+    return flash
+
+
 def _window_mask_strict(n, window, device=None):
     i = torch.arange(n, device=device)
     return (i[:, None] - i[None, :]).abs() < window
@@ -215,22 +251,22 @@ def _wrong_performer(*, scale="quarter", normalise=True, features=None):
     return performer
 
 
-def _linformer_projects_queries(q, k, v, E, F):
-    if E.size(-1) != q.size(-2):
+def _linformer_projects_queries(q, k, v, proj_k, proj_v):
+    if proj_k.size(-1) != q.size(-2):
         return _attention(q, k, v)  # the shapes do not allow it: plain attention
-    return _attention(E @ q, k, v)
+    return _attention(proj_k @ q, k, v)
 
 
-def _linformer_swapped(q, k, v, E, F):
-    return _attention(q, F @ k, E @ v)
+def _linformer_swapped(q, k, v, proj_k, proj_v):
+    return _attention(q, proj_v @ k, proj_k @ v)
 
 
-def _linformer_unscaled(q, k, v, E, F):
-    return _attention(q, E @ k, F @ v, scale=1.0)
+def _linformer_unscaled(q, k, v, proj_k, proj_v):
+    return _attention(q, proj_k @ k, proj_v @ v, scale=1.0)
 
 
-def _linformer_scaled_by_k(q, k, v, E, F):
-    return _attention(q, E @ k, F @ v, scale=1 / math.sqrt(E.size(0)))
+def _linformer_scaled_by_k(q, k, v, proj_k, proj_v):
+    return _attention(q, proj_k @ k, proj_v @ v, scale=1 / math.sqrt(proj_k.size(0)))
 
 
 def _wrong_gqa(*, expand="interleave", scale=True, use_mask=True, softmax_dim=-1):
@@ -362,6 +398,41 @@ MISTAKES = [
         "with causal=True your output still looks at future keys: hide key j from query i "
         "when j > i.",
         _wrong_flash(honour_causal=False),
+    ),
+    Mistake(
+        "flash_attention_with_bias",
+        "bias subtracted",
+        "your bias seems to enter with the wrong sign: add rel_bias[u, clip(j - i, K) + K] "
+        "to the scaled score q_i . k_j / sqrt(d), do not subtract it.",
+        _wrong_flash_bias(sign=-1.0),
+    ),
+    Mistake(
+        "flash_attention_with_bias",
+        "tile offset ignored",
+        "your bias looks right for the first block of keys only: key j of the block "
+        "starting at `start` is at position start + j, so the offset is (start + j) - i.",
+        _wrong_flash_bias(offset="local"),
+    ),
+    Mistake(
+        "flash_attention_with_bias",
+        "running max without the bias",
+        "your output breaks down on large biases: take the running maximum of the biased "
+        "scores (add the bias to the tile before its row maximum), not of q k^T / sqrt(d).",
+        _wrong_flash_bias(after_max=True),
+    ),
+    Mistake(
+        "flash_attention_with_bias",
+        "bias scaled by 1/sqrt(d)",
+        "your bias looks divided by sqrt(d): only q k^T is scaled; add the bias to the "
+        "scaled score as it is.",
+        _wrong_flash_bias(scale_bias=True),
+    ),
+    Mistake(
+        "flash_attention_with_bias",
+        "offset i - j",
+        "your bias looks read by the offset i - j: the table's row for query i and key j "
+        "is clip(j - i, K) + K (positive when the key comes after the query).",
+        _wrong_flash_bias(direction="i - j"),
     ),
     Mistake(
         "sliding_window_mask",
@@ -508,14 +579,15 @@ MISTAKES = [
     Mistake(
         "linformer_attention",
         "queries projected",
-        "your output has the projected length: project the keys (E) and the values (F), not "
-        "the queries; every query keeps its own output.",
+        "your output has the projected length: project the keys (proj_k) and the values "
+        "(proj_v), not the queries; every query keeps its own output.",
         _linformer_projects_queries,
     ),
     Mistake(
         "linformer_attention",
         "E and F swapped",
-        "your projections look swapped: E projects the keys and F the values.",
+        "your projections look swapped: proj_k (the paper's E) projects the keys and "
+        "proj_v (F) the values.",
         _linformer_swapped,
     ),
     Mistake(
