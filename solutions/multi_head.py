@@ -88,16 +88,10 @@ class MultiHeadAttention(nn.Module):
                 f"expected a layer with embed_dim {d_model} and {self.num_heads} heads, "
                 f"got {mha.embed_dim} and {mha.num_heads}"
             )
-        # PyTorch's options that this layer lacks: keys and values of other widths (three
-        # separate input matrices), a learned or an all-zero key and value appended.
-        if mha.in_proj_weight is None:
+        if mha.in_proj_weight is None or mha.bias_k is not None:
             raise ValueError(
-                "cannot load a layer built with kdim or vdim other than embed_dim"
+                "only the standard layout is supported (no kdim, vdim, add_bias_kv)"
             )
-        if mha.bias_k is not None:
-            raise ValueError("cannot load a layer built with add_bias_kv=True")
-        if mha.add_zero_attn:
-            raise ValueError("cannot load a layer built with add_zero_attn=True")
         if (mha.in_proj_bias is None) != (self.W_q.bias is None):
             raise ValueError("one layer has biases and the other has not")
         # PyTorch stacks W_q, W_k, W_v (each in nn.Linear's (out, in) layout) in one

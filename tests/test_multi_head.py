@@ -182,7 +182,6 @@ def test_indivisible_width_and_mismatched_layers_are_rejected():
     for option in (
         {"kdim": 4, "vdim": 4},
         {"add_bias_kv": True},
-        {"add_zero_attn": True},
     ):
         with pytest.raises(ValueError):
             mh.MultiHeadAttention(8, 2).load_torch_weights(
