@@ -54,8 +54,10 @@ def location_score(query: torch.Tensor, W_a: torch.Tensor, n: int) -> torch.Tens
     (B, n) are the logits of Luong's a_t = softmax(W_a h_t); the keys are never looked at.
     """
     n_max = W_a.size(0)
-    if n > n_max:
-        raise ValueError(f"W_a has rows for {n_max} positions, cannot score n = {n}")
+    if not 1 <= n <= n_max:
+        raise ValueError(
+            f"n must be between 1 and n_max = {n_max} (the rows of W_a), got n = {n}"
+        )
     return query @ W_a[:n].T  # (B, d_q) @ (d_q, n) -> (B, n)
 
 

@@ -178,6 +178,16 @@ def test_indivisible_width_and_mismatched_layers_are_rejected():
     with pytest.raises(ValueError):
         mh.MultiHeadAttention(10, 3)
     with pytest.raises(ValueError):
+        mh.split_heads(torch.randn(2, 5, 10), 3)
+    for option in (
+        {"kdim": 4, "vdim": 4},
+        {"add_bias_kv": True},
+    ):
+        with pytest.raises(ValueError):
+            mh.MultiHeadAttention(8, 2).load_torch_weights(
+                nn.MultiheadAttention(8, 2, batch_first=True, **option)
+            )
+    with pytest.raises(ValueError):
         mh.MultiHeadAttention(8, 2).load_torch_weights(nn.MultiheadAttention(8, 4))
     with pytest.raises(ValueError):
         mh.MultiHeadAttention(8, 2).load_torch_weights(
@@ -465,11 +475,21 @@ class _EinsumHeads(nn.Module):
             self.W_o.bias.data = mha.out_proj.bias.clone()
 
 
+class _NamesTheClassInAHint(_PerHeadLoop):
+    """The chapter says a type hint and an isinstance check naming nn.MultiheadAttention
+    are fine: such an answer must earn every point."""
+
+    def load_torch_weights(self, mha: nn.MultiheadAttention) -> None:
+        if not isinstance(mha, nn.MultiheadAttention):
+            raise TypeError(f"expected PyTorch's multi-head layer, got {type(mha)}")
+        super().load_torch_weights(mha)
+
+
 INDEPENDENT_CORRECT_ANSWERS = {
     "attention": [_attention_einsum_float64],
     "split_heads": [_split_by_stacking_chunks, _split_by_unflatten],
     "merge_heads": [_merge_by_cat, _merge_by_permute],
-    "MultiHeadAttention": [_PerHeadLoop, _EinsumHeads],
+    "MultiHeadAttention": [_PerHeadLoop, _EinsumHeads, _NamesTheClassInAHint],
 }
 
 

@@ -144,8 +144,9 @@ def test_location_score_is_a_linear_layer_over_positions(rng):
         full = layer(query)  # W_a q for every position up to n_max
     for n in (1, 7, 10):
         torch.testing.assert_close(sf.location_score(query, W_a, n), full[:, :n])
-    with pytest.raises(ValueError):
-        sf.location_score(query, W_a, 11)
+    for bad_n in (11, 0, -1):  # beyond n_max, no position, a negative n
+        with pytest.raises(ValueError):
+            sf.location_score(query, W_a, bad_n)
 
 
 def test_masked_softmax_matches_torch_and_zeroes_empty_rows(rng):

@@ -82,6 +82,18 @@ def test_fully_masked_rows_give_zeros_and_finite_gradients():
     assert all(torch.isfinite(t.grad).all() for t in (q, k, v))
 
 
+def test_a_mask_with_more_leading_dimensions_broadcasts_into_the_outputs():
+    # The docstring's convention: q, k, v and the mask broadcast together.
+    q, k, v = torch.randn(4, 8), torch.randn(6, 8), torch.randn(6, 3)
+    masks = _random_mask(2, 4, 6)
+    out, weights = sa.scaled_dot_product_attention(q, k, v, masks)
+    assert out.shape == (2, 4, 3) and weights.shape == (2, 4, 6)
+    for b in range(2):
+        one_out, one_weights = sa.scaled_dot_product_attention(q, k, v, masks[b])
+        torch.testing.assert_close(out[b], one_out)
+        torch.testing.assert_close(weights[b], one_weights)
+
+
 def test_large_logits_stay_finite():
     q, k, v = (
         torch.randn(2, 5, 16) * 100,
@@ -314,6 +326,18 @@ def _sdpa_inf_then_nan_to_num(q, k, v, mask=None):
     return torch.matmul(weights, v), weights
 
 
+def _sdpa_minus_1e9_then_zero(q, k, v, mask=None):
+    # The chapter says a fill of -1e9 is right for float32 when the masked weights are
+    # zeroed after the softmax: it must pass every hidden test.
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+    if mask is not None:
+        scores = scores.masked_fill(~mask, -1e9)
+    weights = torch.softmax(scores, dim=-1)
+    if mask is not None:
+        weights = weights * mask
+    return weights @ v, weights
+
+
 def _causal_by_comparison(n, device=None):
     i = torch.arange(n, device=device)
     return i[:, None] >= i[None, :]
@@ -337,7 +361,11 @@ class _SelfAttentionInline(torch.nn.Module):
 
 
 INDEPENDENT_CORRECT_ANSWERS = {
-    "scaled_dot_product_attention": [_sdpa_einsum_stable, _sdpa_inf_then_nan_to_num],
+    "scaled_dot_product_attention": [
+        _sdpa_einsum_stable,
+        _sdpa_inf_then_nan_to_num,
+        _sdpa_minus_1e9_then_zero,
+    ],
     "causal_mask": [_causal_by_comparison],
     "padding_mask": [_padding_by_expand],
     "SelfAttention": [_SelfAttentionInline],
