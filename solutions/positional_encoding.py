@@ -4,19 +4,14 @@ import torch
 from torch import nn
 
 
-def _check_even(width: int, name: str) -> None:
-    """Sines and cosines come in pairs: an odd width has no whole number of pairs."""
-    if width % 2 != 0:
-        raise ValueError(
-            f"{name} must be even (one sine and one cosine per pair), got {width}"
-        )
-
-
 def sinusoidal_encoding(max_len: int, d_model: int) -> torch.Tensor:
     """(max_len, d_model): PE[pos, 2i] = sin(pos w_i), PE[pos, 2i+1] = cos(pos w_i).
 
     Returns float32; an odd d_model raises ValueError."""
-    _check_even(d_model, "d_model")
+    if d_model % 2 != 0:
+        raise ValueError(
+            f"d_model must be even (a sine and a cosine per pair), got {d_model}"
+        )
     # Angles in float64: in float32, pos * w_i near pos = 1000 is off by about 1e-4 rad.
     position = torch.arange(max_len, dtype=torch.float64)[:, None]  # (max_len, 1)
     two_i = torch.arange(
@@ -34,7 +29,10 @@ def shift_matrix(k: int, d_model: int) -> torch.Tensor:
     """(d_model, d_model) block-diagonal rotation M(k) with PE[pos + k] = M(k) @ PE[pos].
 
     Returns float32; an odd d_model raises ValueError."""
-    _check_even(d_model, "d_model")
+    if d_model % 2 != 0:
+        raise ValueError(
+            f"d_model must be even (a sine and a cosine per pair), got {d_model}"
+        )
     two_i = torch.arange(0, d_model, 2, dtype=torch.float64)  # (d_model/2,)
     angle = k * 10000.0 ** (-two_i / d_model)  # (d_model/2,): w_i k
     cos, sin = torch.cos(angle), torch.sin(angle)
@@ -71,7 +69,8 @@ def apply_rope(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
 
     Returns x's dtype; an odd last dimension raises ValueError."""
     d = x.size(-1)
-    _check_even(d, "the last dimension d of x")
+    if d % 2 != 0:
+        raise ValueError(f"the last dimension d of x must be even (pairs), got {d}")
     two_i = torch.arange(0, d, 2, dtype=torch.float64, device=x.device)  # (d/2,)
     theta = 10000.0 ** (-two_i / d)  # (d/2,)
     angle = positions.to(x.device, torch.float64)[:, None] * theta  # (n, d/2)
