@@ -5,7 +5,13 @@ from torch import nn
 
 
 def sinusoidal_encoding(max_len: int, d_model: int) -> torch.Tensor:
-    """(max_len, d_model): PE[pos, 2i] = sin(pos w_i), PE[pos, 2i+1] = cos(pos w_i)."""
+    """(max_len, d_model): PE[pos, 2i] = sin(pos w_i), PE[pos, 2i+1] = cos(pos w_i).
+
+    Returns float32; an odd d_model raises ValueError."""
+    if d_model % 2 != 0:
+        raise ValueError(
+            f"d_model must be even (a sine and a cosine per pair), got {d_model}"
+        )
     # Angles in float64: in float32, pos * w_i near pos = 1000 is off by about 1e-4 rad.
     position = torch.arange(max_len, dtype=torch.float64)[:, None]  # (max_len, 1)
     two_i = torch.arange(
@@ -20,7 +26,13 @@ def sinusoidal_encoding(max_len: int, d_model: int) -> torch.Tensor:
 
 
 def shift_matrix(k: int, d_model: int) -> torch.Tensor:
-    """(d_model, d_model) block-diagonal rotation M(k) with PE[pos + k] = M(k) @ PE[pos]."""
+    """(d_model, d_model) block-diagonal rotation M(k) with PE[pos + k] = M(k) @ PE[pos].
+
+    Returns float32; an odd d_model raises ValueError."""
+    if d_model % 2 != 0:
+        raise ValueError(
+            f"d_model must be even (a sine and a cosine per pair), got {d_model}"
+        )
     two_i = torch.arange(0, d_model, 2, dtype=torch.float64)  # (d_model/2,)
     angle = k * 10000.0 ** (-two_i / d_model)  # (d_model/2,): w_i k
     cos, sin = torch.cos(angle), torch.sin(angle)
@@ -53,8 +65,12 @@ class LearnedPositionalEmbedding(nn.Module):
 
 
 def apply_rope(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    """Rotate each adjacent pair (x[2i], x[2i+1]) at position m by the angle m * theta_i."""
+    """Rotate each adjacent pair (x[2i], x[2i+1]) at position m by the angle m * theta_i.
+
+    Returns x's dtype; an odd last dimension raises ValueError."""
     d = x.size(-1)
+    if d % 2 != 0:
+        raise ValueError(f"the last dimension d of x must be even (pairs), got {d}")
     two_i = torch.arange(0, d, 2, dtype=torch.float64, device=x.device)  # (d/2,)
     theta = 10000.0 ** (-two_i / d)  # (d/2,)
     angle = positions.to(x.device, torch.float64)[:, None] * theta  # (n, d/2)

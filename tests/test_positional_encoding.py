@@ -9,7 +9,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from autograder.grading.prepare import generator
 from autograder.grading.spec import load_chapter_tests
+from autograder.grading.tolerances import LEVELS
 from solutions import positional_encoding as pe
 from tests.answers import (
     SEEDS,
@@ -212,6 +214,17 @@ def test_rope_halves_layout_is_a_permutation_of_adjacent_pairs():
     to_adjacent = to_adjacent.flatten()  # adjacent slot 2i <- i, 2i+1 <- i + d/2
     adjacent = pe.apply_rope(x[:, to_adjacent], positions)
     torch.testing.assert_close(adjacent[:, torch.argsort(to_adjacent)], halves)
+
+
+def test_references_refuse_an_odd_width():
+    """What the docstrings say: sines and cosines come in pairs, an odd width is an error."""
+    for call in (
+        lambda: pe.sinusoidal_encoding(5, 7),
+        lambda: pe.shift_matrix(2, 7),
+        lambda: pe.apply_rope(torch.randn(3, 7), torch.arange(3)),
+    ):
+        with pytest.raises(ValueError, match="even"):
+            call()
 
 
 def test_rope_keeps_gradients_and_device_of_its_input():
@@ -460,9 +473,33 @@ def _rope_elementwise_float32(x, positions):
     return x * angle.cos() + rotated * angle.sin()
 
 
+def _sin_float32_division(max_len, d_model):
+    """pos / 10000^(2i/d), every step in float32."""
+    position = torch.arange(max_len, dtype=torch.float32)[:, None]
+    two_i = torch.arange(0, d_model, 2, dtype=torch.float32)
+    angle = position / 10000 ** (two_i / d_model)
+    return torch.stack([angle.sin(), angle.cos()], -1).flatten(-2)
+
+
+def _shift_float32(k, d_model):
+    """The block rotation with every angle computed in float32."""
+    omega = 10000 ** (-torch.arange(0, d_model, 2, dtype=torch.float32) / d_model)
+    angle = torch.tensor(float(k)) * omega
+    blocks = [
+        torch.stack([torch.stack([c, s]), torch.stack([-s, c])])
+        for c, s in zip(angle.cos(), angle.sin(), strict=True)
+    ]
+    return torch.block_diag(*blocks)
+
+
 INDEPENDENT_CORRECT_ANSWERS = {
-    "sinusoidal_encoding": [_sin_numpy_loops, _sin_float32_exp_log, _sin_float64],
-    "shift_matrix": [_shift_block_diag, _shift_numpy_loops],
+    "sinusoidal_encoding": [
+        _sin_numpy_loops,
+        _sin_float32_exp_log,
+        _sin_float32_division,
+        _sin_float64,
+    ],
+    "shift_matrix": [_shift_block_diag, _shift_numpy_loops, _shift_float32],
     "LearnedPositionalEmbedding": [_LearnedFunctional],
     "apply_rope": [
         _rope_torch_complex,
@@ -476,3 +513,51 @@ INDEPENDENT_CORRECT_ANSWERS = {
 @pytest.mark.parametrize("seed", SEEDS)
 def test_independent_correct_answers_pass(exercise, right, seed):
     assert_right_answer_passes(CHAPTER, pe, exercise, right, seed)
+
+
+# ------------------------------------- float32 against float64: the tolerance has a margin
+
+# Answers computed entirely in float32, against the reference (float64 angles, then cast).
+_FLOAT32 = {
+    "sinusoidal_encoding": [_sin_float32_exp_log, _sin_float32_division],
+    "shift_matrix": [_shift_float32],
+    "apply_rope": [_rope_elementwise_float32],
+}
+
+
+def _hidden_calls(test, seed):
+    """The (args, kwargs) of every case the hidden test draws with this seed."""
+    return [(c.args, c.kwargs) for c in test.make_cases(generator(seed, test.id))]
+
+
+def _excess(got, expected, tolerance):
+    """max over entries of |got - expected| / (atol + rtol |expected|): <= 1 passes."""
+    got, expected = torch.as_tensor(got).double(), torch.as_tensor(expected).double()
+    allowed = tolerance.atol + tolerance.rtol * expected.abs()
+    return ((got - expected).abs() / allowed).max().item()
+
+
+@pytest.mark.parametrize("exercise", sorted(_FLOAT32))
+def test_float32_answers_sit_well_inside_the_tolerance_and_mistakes_far_outside(
+    exercise,
+):
+    """The largest inputs the hidden tests draw (200 positions x 512, offsets up to 59,
+    positions up to 106) with every seed: a pure-float32 answer differs from the
+    float64-then-cast reference by at most a third of the tolerance, and every catalogued
+    mistake of the exercise by at least ten times it on some case of every test."""
+    tests = load_chapter_tests(CHAPTER)
+    reference = getattr(pe, exercise)
+    for test in (t for t in tests.tests if t.exercise == exercise):
+        tolerance = LEVELS[test.level]
+        for seed in SEEDS:
+            calls = _hidden_calls(test, seed)
+            for answer in _FLOAT32[exercise]:
+                worst = max(_excess(answer(*a, **k), reference(*a, **k), tolerance)
+                            for a, k in calls)  # fmt: skip
+                assert worst < 1 / 3, (answer.__name__, test.id, seed, worst)
+            for mistake in tests.mistakes_for(exercise):
+                worst = max(
+                    _excess(mistake.impl(*a, **k), reference(*a, **k), tolerance)
+                    for a, k in calls
+                )
+                assert worst > 10, (mistake.name, test.id, seed, worst)

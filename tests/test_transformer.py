@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from autograder import paths
-from solutions import multi_head
+from solutions import multi_head, positional_encoding, self_attention
 from solutions import transformer as tr
 
 # answers call the reference by its bare name, as a student's notebook would
@@ -22,8 +22,31 @@ from tests.answers import (
     right_answers,
     wrong_answers,
 )
+from tests.notebooks import answers, release_notebook
 
 CHAPTER = "06_transformer"
+
+# Exercise 0: the earlier chapters' exercises that chapter 6 builds on.
+_EARLIER = {
+    "03_self_attention": ["causal_mask"],
+    "04_multi_head": ["attention", "split_heads", "merge_heads", "MultiHeadAttention"],
+    "05_positional_encoding": ["sinusoidal_encoding"],
+}
+
+
+def _stub_sources(chapter):
+    """Each top-level definition of the chapter's exercise cells, as its list of lines."""
+    import ast
+
+    found = {}
+    for cell in jupytext.read(paths.chapter_source(chapter)).cells:
+        if "exercise" not in cell.metadata.get("tags", []):
+            continue
+        lines = cell.source.splitlines()
+        for node in ast.parse(cell.source).body:
+            if isinstance(node, ast.FunctionDef | ast.ClassDef):
+                found[node.name] = lines[node.lineno - 1 : node.end_lineno]
+    return found
 
 
 def _randomise(*modules, std=0.3):
@@ -183,17 +206,21 @@ def test_feed_forward_and_sublayer_connection_follow_the_formulas():
 
 
 def test_the_layers_run_on_chapter_4s_attention():
-    """One source of truth: chapter 6 imports chapter 4's attention, it does not copy it,
-    and its layers hold that class, not PyTorch's."""
-    assert tr.MultiHeadAttention is multi_head.MultiHeadAttention
-    assert tr.attention is multi_head.attention
+    """Chapter 6's copy of chapter 4's reference computes what chapter 4's does, and the
+    layers hold that class, not PyTorch's."""
+    torch.manual_seed(0)
+    theirs, ours = multi_head.MultiHeadAttention(8, 2), tr.MultiHeadAttention(8, 2)
+    ours.load_state_dict(theirs.state_dict())
+    x, mask = torch.randn(2, 4, 8), _keep([4, 2], 4)[:, None, :]
+    for a, b in zip(theirs(x, x, x, mask), ours(x, x, x, mask), strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
     layer = tr.DecoderLayer(16, 4, 32)
     for attn in (
         layer.self_attn,
         layer.cross_attn,
         tr.EncoderLayer(16, 4, 32).self_attn,
     ):
-        assert type(attn) is multi_head.MultiHeadAttention
+        assert type(attn) is tr.MultiHeadAttention
     model = tr.Transformer(5, 6, 16, 4, 32, 2)
     assert not any(isinstance(m, nn.MultiheadAttention) for m in model.modules())
 
@@ -284,23 +311,54 @@ def test_transformer_embeds_scales_and_adds_positions():
         )
 
 
-def test_the_chapter_gives_the_same_helpers_as_the_reference():
-    """The chapter's given cell (causal_mask, sinusoidal_encoding, chapter 4's
-    MultiHeadAttention) must not drift from the code the references use."""
-    cells = jupytext.read(paths.chapter_source(CHAPTER)).cells
-    given = next(c.source for c in cells if "class MultiHeadAttention(" in c.source)
-    namespace = {"torch": torch, "nn": nn, "math": math}
-    exec(given, namespace)
-    assert torch.equal(namespace["causal_mask"](5), tr.causal_mask(5))
+def test_exercise_0_is_the_earlier_chapters_exercises_with_their_references():
+    """Exercise 0's stubs are the stubs of the chapters they come from (same signatures and
+    docstrings), and chapter 6's references compute what those chapters' references do."""
+    own = _stub_sources(CHAPTER)
+    for chapter, names in _EARLIER.items():
+        theirs = _stub_sources(chapter)
+        for name in names:
+            assert own[name] == theirs[name], name
+    for n in (1, 5):
+        assert torch.equal(tr.causal_mask(n), self_attention.causal_mask(n))
+    for shape in ((9, 6), (200, 512)):
+        assert torch.equal(
+            tr.sinusoidal_encoding(*shape),
+            positional_encoding.sinusoidal_encoding(*shape),
+        )
+    q, k, v = torch.randn(2, 3, 5, 4), torch.randn(2, 3, 6, 4), torch.randn(2, 3, 6, 4)
+    mask = torch.rand(5, 6) > 0.3
+    for a, b in zip(
+        tr.attention(q, k, v, mask), multi_head.attention(q, k, v, mask), strict=True
+    ):
+        assert torch.equal(a, b)
+    x = torch.randn(2, 5, 12)
+    assert torch.equal(tr.split_heads(x, 3), multi_head.split_heads(x, 3))
     assert torch.equal(
-        namespace["sinusoidal_encoding"](9, 6), tr.sinusoidal_encoding(9, 6)
+        tr.merge_heads(tr.split_heads(x, 3)),
+        multi_head.merge_heads(tr.split_heads(x, 3)),
     )
-    torch.manual_seed(7)
-    theirs, ours = namespace["MultiHeadAttention"](8, 2), tr.MultiHeadAttention(8, 2)
-    ours.load_state_dict(theirs.state_dict())
-    x, mask = torch.randn(2, 4, 8), _keep([4, 2], 4)[:, None, :]
-    for a, b in zip(theirs(x, x, x, mask), ours(x, x, x, mask), strict=True):
-        torch.testing.assert_close(a, b)
+
+
+def test_the_student_notebook_gives_no_answer_of_an_earlier_chapter():
+    """No line of a chapter 3, 4 or 5 reference answer (beyond their stubs) appears in
+    chapter 6's student notebook."""
+    released = "\n".join(
+        c.source for c in release_notebook(CHAPTER).cells if c.cell_type == "code"
+    )
+    stub_lines = {
+        line.strip() for source in _stub_sources(CHAPTER).values() for line in source
+    }
+    for chapter in _EARLIER:
+        for answer in answers(chapter).values():
+            for line in answer.splitlines():
+                line = line.strip()
+                if (
+                    len(line) > 12
+                    and line not in stub_lines
+                    and not line.startswith("#")
+                ):
+                    assert line not in released, (chapter, line)
 
 
 # --------------------------------- wrong answers written outside the mistake catalogue

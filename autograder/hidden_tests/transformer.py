@@ -1,11 +1,22 @@
-"""Hidden tests for chapter 6, the Transformer (23 points)."""
+"""Hidden tests for chapter 6, the Transformer (23 points).
 
+Exercise 0 asks for the student's own answers from chapters 3 to 5 (``causal_mask``,
+``sinusoidal_encoding``, ``attention``, ``split_heads``, ``merge_heads``,
+``MultiHeadAttention``): the student notebook holds no copy of them. Their chapters' hidden
+tests run on them again here, for no points (their chapters grade them), so that the
+feedback says early which pasted piece is wrong; every later exercise runs on them.
+"""
+
+import dataclasses
 import math
 
 import torch
 from torch import nn
 
 from autograder.grading.spec import HiddenTest, Init, case, torch_layer
+from autograder.hidden_tests import multi_head as _ch4
+from autograder.hidden_tests import positional_encoding as _ch5
+from autograder.hidden_tests import self_attention as _ch3
 from autograder.hidden_tests._inputs import randn, random_mask
 
 
@@ -376,3 +387,31 @@ TESTS = [
         level="op",
     ),
 ]
+
+
+_EARLIER = (
+    "causal_mask",
+    "sinusoidal_encoding",
+    "attention",
+    "split_heads",
+    "merge_heads",
+    "MultiHeadAttention",
+)
+
+
+def _again(test: HiddenTest) -> HiddenTest:
+    """An earlier chapter's hidden test, run on exercise 0's answers for no points."""
+    return dataclasses.replace(
+        test,
+        id=f"ch6_{test.id}",
+        points=0,
+        description=f"{test.description} (no points here: its own chapter grades it)",
+    )
+
+
+TESTS = [
+    _again(test)
+    for module in (_ch3, _ch4, _ch5)
+    for test in module.TESTS
+    if test.exercise in _EARLIER
+] + TESTS

@@ -8,6 +8,9 @@ import torch
 from torch import nn
 
 from autograder.grading.spec import Mistake
+from autograder.known_mistakes import multi_head as _ch4
+from autograder.known_mistakes import positional_encoding as _ch5
+from autograder.known_mistakes import self_attention as _ch3
 from solutions import transformer as ref
 
 
@@ -590,4 +593,21 @@ MISTAKES = [
         "your rate keeps growing after the warm-up: take the min of step^-0.5 and step * warmup^-1.5, not the max.",
         _schedule(pick=max),
     ),
+]
+
+# Exercise 0 asks for the student's own answers from chapters 3 to 5: their chapters'
+# catalogued mistakes name what went wrong here too.
+_EARLIER = (
+    "causal_mask",
+    "sinusoidal_encoding",
+    "attention",
+    "split_heads",
+    "merge_heads",
+    "MultiHeadAttention",
+)
+MISTAKES += [
+    mistake
+    for module in (_ch3, _ch4, _ch5)
+    for mistake in module.MISTAKES
+    if mistake.exercise in _EARLIER
 ]
