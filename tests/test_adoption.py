@@ -66,7 +66,8 @@ def test_a_file_under_neither_licence_fails_reuse_lint(tmp_path):
 
 def test_licence_texts_and_the_readme_say_which_applies_to_what():
     texts = {p.name for p in (REPO / "LICENSES").iterdir()}
-    assert texts == {"CC-BY-4.0.txt", "MIT.txt"}
+    # the course's two, and the theme's, for the templates the book overrides
+    assert texts == {"CC-BY-4.0.txt", "MIT.txt", "BSD-3-Clause.txt"}
     cc = (REPO / "LICENSES" / "CC-BY-4.0.txt").read_text()
     assert "Creative Commons Attribution 4.0 International Public License" in cc
     assert "Section 8 -- Interpretation." in cc
@@ -169,17 +170,19 @@ def _unreleased(copy: Path, entry: str) -> None:
 
 
 def test_a_changed_hidden_test_without_an_entry_fails_the_check(tmp_path):
+    # chapter 9's hidden tests: no other chapter's digest includes them (chapter 6's, for
+    # one, includes chapters 3 to 5's, which it runs again on its exercise 0)
     copy = _course_copy(tmp_path)
     assert release.problems(copy) == []
-    tests = copy / "autograder" / "hidden_tests" / "self_attention.py"
+    tests = copy / "autograder" / "hidden_tests" / "beyond_sequences.py"
     tests.write_text(tests.read_text().replace("points=", "points=1 + ", 1))
     (problem,) = release.problems(copy)
-    assert problem.startswith("03_self_attention:")
+    assert problem.startswith("09_beyond_sequences:")
     # an entry that does not change grades is not enough
-    _unreleased(copy, "### 03_self_attention\n\n#### Other\n\n- A clearer sentence.\n")
+    _unreleased(copy, "### 09_beyond_sequences\n\n#### Other\n\n- A clearer sentence.\n")
     assert len(release.problems(copy)) == 1
     _unreleased(
-        copy, "### 03_self_attention\n\n#### Grade-changing\n\n- One more point.\n"
+        copy, "### 09_beyond_sequences\n\n#### Grade-changing\n\n- One more point.\n"
     )
     assert release.problems(copy) == []
 
