@@ -179,7 +179,9 @@ def test_a_changed_hidden_test_without_an_entry_fails_the_check(tmp_path):
     (problem,) = release.problems(copy)
     assert problem.startswith("09_beyond_sequences:")
     # an entry that does not change grades is not enough
-    _unreleased(copy, "### 09_beyond_sequences\n\n#### Other\n\n- A clearer sentence.\n")
+    _unreleased(
+        copy, "### 09_beyond_sequences\n\n#### Other\n\n- A clearer sentence.\n"
+    )
     assert len(release.problems(copy)) == 1
     _unreleased(
         copy, "### 09_beyond_sequences\n\n#### Grade-changing\n\n- One more point.\n"
