@@ -13,6 +13,7 @@ import sys
 import pytest
 
 from autograder import paths
+from autograder.grading.spec import load_chapter_tests
 from tests.attack_cells import PATCH_COMPARISONS, STEAL, stub_with_cell
 from tests.notebooks import (
     grade_cli,
@@ -308,7 +309,11 @@ def test_switching_the_watch_off_earns_what_a_wrong_answer_earns(switched_off):
     evasion, wrong = switched_off["evasion"], switched_off["wrong"]
     assert evasion["score"] == wrong["score"] < evasion["max_score"], evasion
     assert scores_by_test(evasion) == scores_by_test(wrong)
-    flash = [t for t in evasion["tests"] if t["id"].startswith("ea_flash")]
+    # the tests of the exercise the evasion answers (not the chapter's other flash tests)
+    ids = {
+        t.id for t in load_chapter_tests(FLASH).tests if t.exercise == "flash_attention"
+    }
+    flash = [t for t in evasion["tests"] if t["id"] in ids]
     assert flash
     for test in flash:
         assert test["score"] == 0
