@@ -13,6 +13,7 @@ import pytest
 
 from autograder import paths
 from autograder.grading.grade import grade_many, restored
+from autograder.grading.spec import load_chapter_tests
 from autograder.grading.student_code import StudentCode, is_course_cell
 from tests.notebooks import CHAPTERS, honest_notebook, student_notebook, write
 
@@ -95,4 +96,5 @@ def test_an_honest_tinkerer_earns_full_marks_through_nbgrader(tmp_path):
         assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     header, row = (root / "grades.csv").read_text().splitlines()[:2]
     grades = dict(zip(header.split(","), row.split(","), strict=True))
-    assert float(grades["raw_score"]) == float(grades["max_score"]) == 19.0
+    points = sum(t.points for t in load_chapter_tests(NBGRADER_CHAPTER).tests)
+    assert float(grades["raw_score"]) == float(grades["max_score"]) == points > 0
