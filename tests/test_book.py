@@ -224,21 +224,24 @@ return {
 PREFIX = "/" + urlparse(REPOSITORY).path.strip("/").split("/")[-1] + "/"
 
 
-@pytest.fixture(scope="session")
+# The browser lives for this module only: while Playwright's sync API is alive, the main
+# thread has a running asyncio loop, and the later tests' kernels (nbclient's asyncio.run)
+# could not start.
+@pytest.fixture(scope="module")
 def site(html):
     served = Site(html, PREFIX)
     yield served
     served.close()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser():
     chromium = Browser()
     yield chromium
     chromium.close()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def visit(html, site, browser):
     """Open a page of the book (once per session): a ``Visit``."""
     seen = {}

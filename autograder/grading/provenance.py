@@ -31,6 +31,7 @@ import sqlite3
 from datetime import UTC, datetime
 from pathlib import Path
 
+from autograder.grading.delegation import READING_CODE
 from autograder.paths import REPO, course_version, module_name
 
 # Packages whose modules, when an included file imports them, are part of the digest.
@@ -49,7 +50,9 @@ def _module_file(name: str, repo: Path) -> Path | None:
 def _imported_files(path: Path, repo: Path) -> set[Path]:
     """The course's own modules (in ``_PACKAGES``) that the file at ``path`` imports."""
     found = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    with READING_CODE:  # CPython 3.11's parser is not thread-safe (delegation.py)
+        tree = ast.parse(path.read_text(), str(path))
+    for node in ast.walk(tree):
         names = []
         if isinstance(node, ast.Import):
             names = [a.name for a in node.names]
