@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from autograder.grading.spec import Mistake
+from autograder.hidden_tests.transformer import EXERCISE_0
 from autograder.known_mistakes import multi_head as _ch4
 from autograder.known_mistakes import positional_encoding as _ch5
 from autograder.known_mistakes import self_attention as _ch3
@@ -597,17 +598,9 @@ MISTAKES = [
 
 # Exercise 0 asks for the student's own answers from chapters 3 to 5: their chapters'
 # catalogued mistakes name what went wrong here too.
-_EARLIER = (
-    "causal_mask",
-    "sinusoidal_encoding",
-    "attention",
-    "split_heads",
-    "merge_heads",
-    "MultiHeadAttention",
-)
 MISTAKES += [
     mistake
     for module in (_ch3, _ch4, _ch5)
     for mistake in module.MISTAKES
-    if mistake.exercise in _EARLIER
+    if mistake.exercise in EXERCISE_0
 ]
