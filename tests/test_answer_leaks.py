@@ -19,6 +19,7 @@ import nbformat
 import pytest
 
 from autograder import paths
+from autograder.build.solution_cells import reference_definitions
 from autograder.grading.spec import graded_chapters, load_chapter_tests
 
 # A statement shorter than this (normalised) says too little to give an answer away:
@@ -71,13 +72,9 @@ def reference_answers(first: str | None = None) -> dict[str, set[str]]:
         if first is not None and chapter < first:
             continue
         module = paths.REPO / "solutions" / f"{paths.module_name(chapter)}.py"
-        definitions = {
-            node.name: node
-            for node in ast.parse(module.read_text()).body
-            if isinstance(node, (ast.FunctionDef, ast.ClassDef))
-        }
+        definitions = reference_definitions(module)
         for name in load_chapter_tests(chapter).exercises:
-            answers[f"{chapter}: {name}"] = _leaf_statements(definitions[name])
+            answers[f"{chapter}: {name}"] = _leaf_statements(definitions[name][0])
     return answers
 
 

@@ -34,7 +34,11 @@ import jupytext
 import nbformat
 
 from autograder import paths
-from autograder.build.solution_cells import exercise_names, fill_solutions
+from autograder.build.solution_cells import (
+    exercise_names,
+    fill_solutions,
+    reference_definitions,
+)
 from autograder.build.student_markdown import to_jupyter_markdown
 from autograder.grading.spec import (
     ChapterTests,
@@ -201,9 +205,9 @@ def hidden_test_cell(chapter: str, test: HiddenTest):
 def source_notebook(chapter: str, tests: ChapterTests):
     """The nbgrader source notebook of one chapter (solutions and hidden tests included)."""
     md = jupytext.read(paths.chapter_source(chapter))
-    reference = (
+    reference = reference_definitions(
         paths.REPO / "solutions" / f"{paths.module_name(chapter)}.py"
-    ).read_text()
+    )
     cells, pending, defined = [], [], []
     for cell in md.cells:
         tags = _tags(cell)

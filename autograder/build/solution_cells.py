@@ -10,6 +10,7 @@ the fenced code again, so the student sees the stub.
 
 import ast
 import textwrap
+from pathlib import Path
 
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
 
@@ -18,16 +19,45 @@ class SolutionError(ValueError):
     pass
 
 
-def _definitions(tree: ast.Module) -> dict[str, ast.FunctionDef]:
-    """Top-level functions and methods of top-level classes, by qualified name."""
+Definition = tuple[
+    ast.FunctionDef | ast.ClassDef, list[str]
+]  # the node, its file's lines
+
+
+def reference_definitions(module: Path) -> dict[str, Definition]:
+    """The top-level functions and classes of a reference module, by name, each with the
+    lines of the file that writes it. A name the module imports from another reference
+    module (``from solutions.multi_head import attention``) is followed there: a chapter
+    that builds on earlier chapters' answers holds no copy of them."""
+    source = module.read_text()
+    tree = ast.parse(source)
+    lines = source.splitlines()
     found = {}
     for node in tree.body:
+        if isinstance(node, ast.FunctionDef | ast.ClassDef):
+            found[node.name] = (node, lines)
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
+            "solutions."
+        ):
+            other = module.with_name(node.module.removeprefix("solutions.") + ".py")
+            imported = reference_definitions(other)
+            for alias in node.names:
+                found[alias.asname or alias.name] = imported[alias.name]
+    return found
+
+
+def _definitions(
+    definitions: dict[str, Definition],
+) -> dict[str, tuple[ast.FunctionDef, list[str]]]:
+    """Functions and methods of classes, by qualified name."""
+    found = {}
+    for name, (node, lines) in definitions.items():
         if isinstance(node, ast.FunctionDef):
-            found[node.name] = node
-        elif isinstance(node, ast.ClassDef):
+            found[name] = (node, lines)
+        else:
             for item in node.body:
                 if isinstance(item, ast.FunctionDef):
-                    found[f"{node.name}.{item.name}"] = item
+                    found[f"{name}.{item.name}"] = (item, lines)
     return found
 
 
@@ -60,22 +90,30 @@ def exercise_names(source: str) -> list[str]:
     ]
 
 
-def fill_solutions(stub_source: str, reference_source: str, where: str) -> str:
-    """The stub cell with every ``raise NotImplementedError`` body completed from the reference."""
-    reference_defs = _definitions(ast.parse(reference_source))
-    reference_lines = reference_source.splitlines()
+def fill_solutions(
+    stub_source: str, reference: dict[str, Definition], where: str
+) -> str:
+    """The stub cell with every ``raise NotImplementedError`` body completed from the
+    reference (:func:`reference_definitions`)."""
+    reference_defs = _definitions(reference)
+    stub_tree = ast.parse(stub_source)
+    stub_defs = {
+        n.name: (n, [])
+        for n in stub_tree.body
+        if isinstance(n, ast.FunctionDef | ast.ClassDef)
+    }
     lines = stub_source.splitlines()
     replacements = []
-    for name, stub in _definitions(ast.parse(stub_source)).items():
+    for name, (stub, _) in _definitions(stub_defs).items():
         given = _statements(stub)
         if not given or not _is_stub_raise(given[-1]):
             continue
         given, stub_raise = given[:-1], given[-1]
-        reference = reference_defs.get(name)
-        if reference is None:
+        if name not in reference_defs:
             raise SolutionError(
                 f"{where}: `{name}` has a stub but no reference implementation"
             )
+        reference, reference_lines = reference_defs[name]
         full = _statements(reference)
         prefix = full[: len(given)]
         if [ast.dump(s) for s in prefix] != [ast.dump(s) for s in given]:
