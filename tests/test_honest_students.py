@@ -56,11 +56,33 @@ def test_edited_and_deleted_course_cells_are_restored_and_never_read():
     assert "import ctypes  # mine" in read  # a forged read-only cell is the student's
 
 
+def _open_files() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
 @pytest.fixture(scope="module")
 def graded(tmp_path_factory) -> dict[str, dict]:
     folder = tmp_path_factory.mktemp("honest")
     notebooks = [write(honest_notebook(c), folder / f"{c}.ipynb") for c in CHAPTERS]
-    return dict(zip(CHAPTERS, grade_many(notebooks, jobs=2, seed=0), strict=True))
+    before = _open_files()
+    results = dict(zip(CHAPTERS, grade_many(notebooks, jobs=2, seed=0), strict=True))
+    FILES_LEFT_OPEN.append(_open_files() - before)
+    return results
+
+
+FILES_LEFT_OPEN = []  # by the batch that graded the honest notebooks
+
+
+@pytest.mark.slow
+def test_a_batch_leaves_no_files_open_per_notebook(graded):
+    """Each graded notebook's kernel client is closed (nbclient leaves it open when it did
+    not start the kernel: about a dozen descriptors a notebook, so a class of 500 graded in
+    one process ran out of them). What the batch itself keeps (its threads' event loops)
+    does not grow with the class."""
+    (left,) = FILES_LEFT_OPEN
+    assert left < 2 * len(CHAPTERS), (
+        f"{left} descriptors left open by {len(CHAPTERS)} notebooks"
+    )
 
 
 @pytest.mark.slow

@@ -152,6 +152,7 @@ def run_notebook(
     finally:
         watchdog.cancel()
         atexit.unregister(client._cleanup_kernel)  # we end the kernel ourselves
+        _close_client(client)
     if window.ident is not None:  # started: it ends within its own time limits
         window.join()
     run.died_in_test = run.died_in_test or window.ended_early
@@ -210,6 +211,19 @@ def _probe_cells(workdir: Path, wait: float, watch: list[str]) -> list:
         nbformat.v4.new_code_cell(_probe_setup_cell()),
         nbformat.v4.new_code_cell(call),
     ]
+
+
+def _close_client(client: QuietClient) -> None:
+    """Close the kernel client's channels and its ZeroMQ context: nbclient leaves both
+    open when it did not start the kernel, and every graded notebook would keep a
+    heartbeat thread and about a dozen file descriptors until the batch runs out of them."""
+    kc = client.kc
+    if kc is None:
+        return
+    kc.stop_channels()
+    if kc._created_context:
+        kc.context.destroy(linger=0)
+    client.kc = None
 
 
 def _client(cells, n_student: int, km, workdir: Path, limits: Limits, probe_time):
