@@ -157,6 +157,11 @@ def test_parallel_autograde_records_what_serial_nbgrader_records(courses):
     # restores it: no one is graded a second time
     assert "graded again here" not in run.stderr
     assert "full marks" in run.stdout and "slowest:" in run.stdout
+    # while it ran, the bar counted the grades as they came (before late penalties)
+    (counts, *_) = re.findall(
+        r"full=(\d+), zero=(\d+), problems=(\d+), not graded=(\d+)\]", run.stderr
+    )[::-1]
+    assert counts == ("3", "2", "2", "0"), counts  # bob and gus raised while running
     for root in (serial, parallel):  # nbgrader's own steps work unchanged after it
         _run(root, "-m", "nbgrader", "generate_feedback", CHAPTER)
         _run(root, "-m", "nbgrader", "export")

@@ -83,11 +83,20 @@ def grade_class(
         total=len(students), desc=f"grading {assignment}", unit="notebook",
         disable=not progress, file=sys.stderr,
     )  # fmt: skip
+    so_far = dict.fromkeys(("full", "zero", "problems", "not graded"), 0)
+
+    def graded_one(result: dict) -> None:
+        """The bar shows how the class is doing while it runs, not only how far it is."""
+        for kind, counts in _kinds(result).items():
+            so_far[kind] += counts
+        bar.set_postfix(so_far, refresh=False)
+        bar.update()
+
     try:
         results = list(
             grade_many(
                 [notebooks[s] for s in students], assignment, jobs, seed, limits,
-                on_result=lambda _: bar.update(),
+                on_result=graded_one,
             )
         )  # fmt: skip
     finally:
@@ -101,6 +110,17 @@ def grade_class(
         except Exception:  # noqa: BLE001 (unreadable: nbgrader will not record it either)
             result["key"] = None
     return results
+
+
+def _kinds(result: dict) -> dict[str, bool]:
+    """Which of the progress bar's counts a result adds to."""
+    graded = result["graded"]
+    return {
+        "full": graded and result["score"] == result["max_score"],
+        "zero": graded and result["score"] == 0,
+        "problems": graded and "problem(s) while running" in result["message"],
+        "not graded": not graded,
+    }
 
 
 def write_results(results: list[dict], path: Path) -> None:
