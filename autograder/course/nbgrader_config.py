@@ -21,8 +21,12 @@ from nbgrader.preprocessors import (
     AssignLatePenalties,
     CheckCellMetadata,
     ClearHiddenTests,
+    ClearOutput,
+    DeduplicateIds,
     GetGrades,
     LimitOutput,
+    OverwriteCells,
+    OverwriteKernelspec,
     SaveAutoGrades,
 )
 
@@ -40,6 +44,7 @@ sys.path.insert(0, str(repo))
 try:
     from autograder.grading.nbgrader_bridge import (
         COURSE_ID,
+        RestoreHiddenTests,
         SandboxedExecute,
         prove_sandbox,
     )
@@ -65,6 +70,16 @@ c.Autograde.pre_convert_hook = functools.partial(
     db_url=f"sqlite:///{course_root / 'gradebook.db'}",
     course_id=COURSE_ID,
 )
+# nbgrader's own steps, with the released hidden-test cells given their hidden tests back
+# first, so that only a cell the student really edited is logged as changed.
+c.Autograde.sanitize_preprocessors = [
+    ClearOutput,
+    DeduplicateIds,
+    OverwriteKernelspec,
+    RestoreHiddenTests,
+    OverwriteCells,
+    CheckCellMetadata,
+]
 c.Autograde.autograde_preprocessors = [
     SandboxedExecute,
     LimitOutput,
