@@ -64,6 +64,10 @@ except Exception as exc:  # noqa: BLE001
 
 c.CourseDirectory.course_id = COURSE_ID
 
+# Late work (submitted after the due date set with `nbgrader db assignment add ...
+# --duedate=...`): "zero" records 0 points for it; "none" keeps its score.
+c.LateSubmissionPlugin.penalty_method = "zero"
+
 # Before the first submission enters the gradebook: prove the jail, or stop (exit 3).
 c.Autograde.pre_convert_hook = functools.partial(
     prove_sandbox,
