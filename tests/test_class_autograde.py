@@ -231,7 +231,7 @@ def test_the_summary_prints_scores_as_the_gradebook_records_them(courses):
     assert _gradebook(serial)["erin"][:2] == (10, 10)  # graded 10, penalty 10
     for out in (run.stdout, merged.stdout):
         assert "LATE erin: 0/10 recorded (10 graded, late penalty 10)" in out, out
-        assert re.search(r"late \(penalty applied\) +1\n", out), out
+        assert re.search(r"late \(after the due date\) +1\n", out), out
         assert re.search(r"full marks +2\n", out), out  # alice, frank; not erin
         assert re.search(r"zero +3\n", out), out  # bob (untouched), erin (late), gus
         assert not re.search(r"erin .* 10/10", out), out
