@@ -21,8 +21,12 @@ from nbgrader.preprocessors import (
     AssignLatePenalties,
     CheckCellMetadata,
     ClearHiddenTests,
+    ClearOutput,
+    DeduplicateIds,
     GetGrades,
     LimitOutput,
+    OverwriteCells,
+    OverwriteKernelspec,
     SaveAutoGrades,
 )
 
@@ -40,10 +44,12 @@ sys.path.insert(0, str(repo))
 try:
     from autograder.grading.nbgrader_bridge import (
         COURSE_ID,
+        RestoreHiddenTests,
         SandboxedExecute,
         prove_sandbox,
     )
     from autograder.grading.safe_feedback import FeedbackExporter
+    from autograder.grading.validate_settings import configure_validate
 except Exception as exc:  # noqa: BLE001
     # nbgrader logs a config file's errors and goes on with its defaults, which would run
     # every submission unjailed beside the course files and record what it scores.
@@ -59,12 +65,26 @@ except Exception as exc:  # noqa: BLE001
 
 c.CourseDirectory.course_id = COURSE_ID
 
+# Late work (submitted after the due date set with `nbgrader db assignment add ...
+# --duedate=...`): "zero" records 0 points for it; "none" keeps its score.
+c.LateSubmissionPlugin.penalty_method = "zero"
+
 # Before the first submission enters the gradebook: prove the jail, or stop (exit 3).
 c.Autograde.pre_convert_hook = functools.partial(
     prove_sandbox,
     db_url=f"sqlite:///{course_root / 'gradebook.db'}",
     course_id=COURSE_ID,
 )
+# nbgrader's own steps, with the released hidden-test cells given their hidden tests back
+# first, so that only a cell the student really edited is logged as changed.
+c.Autograde.sanitize_preprocessors = [
+    ClearOutput,
+    DeduplicateIds,
+    OverwriteKernelspec,
+    RestoreHiddenTests,
+    OverwriteCells,
+    CheckCellMetadata,
+]
 c.Autograde.autograde_preprocessors = [
     SandboxedExecute,
     LimitOutput,
@@ -72,6 +92,9 @@ c.Autograde.autograde_preprocessors = [
     AssignLatePenalties,
     CheckCellMetadata,
 ]
+# A student's Validate (nbgrader validate) runs every cell: the visible checks decide.
+configure_validate(c)
+
 # Feedback shows each test's message, not the hidden test code, and runs nothing the
 # student wrote: markdown, raw cells and outputs are sanitised (safe_feedback.py).
 c.GenerateFeedback.exporter_class = FeedbackExporter
