@@ -167,8 +167,14 @@ def test_the_edition_holds_what_students_need_and_nothing_that_grades(student_ed
         "book",
     }
     for chapter in graded_chapters():
-        notebook = student_edition / edition.NOTEBOOK.format(chapter=chapter)
-        assert notebook.exists()
+        # the notebook students submit is the one the private course grades: the same
+        # cells, but for its header, which names the edition
+        ours = nbformat.read(paths.release_notebook(chapter), as_version=4)
+        theirs = nbformat.read(
+            student_edition / edition.NOTEBOOK.format(chapter=chapter), as_version=4
+        )
+        assert theirs.cells[0].id == ours.cells[0].id == "course-header"
+        assert theirs.cells[1:] == ours.cells[1:] and theirs.metadata == ours.metadata
     assert not list(student_edition.rglob("*.py")), "code of the course in the edition"
     assert (student_edition / "book" / "index.html").exists()
 
