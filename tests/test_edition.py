@@ -296,6 +296,13 @@ def test_no_page_or_notebook_sends_a_student_to_the_course_repository(
             assert not course.search(path.read_text()), path
     header = nbformat.read(student_edition / "notebooks" / f"{RELEASED}.ipynb", 4)
     assert WHERE["edition"] in header.cells[0].source
+    # the set-up page names the edition's notebooks; the instructor guide, the course's
+    book = student_edition / "book" / "book"
+    assert "autograder/course/release" in (html / "book" / "setup.html").read_text()
+    setup = (book / "setup.html").read_text()
+    assert "autograder/course/release" not in setup
+    assert edition.NOTEBOOK.format(chapter=RELEASED) in setup
+    assert "autograder/course/release" in (book / "instructor_guide.html").read_text()
 
 
 # The workflow that publishes the edition's book -------------------------------------------
@@ -347,6 +354,18 @@ def test_a_folder_that_holds_no_edition_is_left_alone(tmp_path):
     with pytest.raises(edition.EditionError, match="not empty"):
         edition.write(tmp_path, tmp_path / "no-book")
     assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
+def test_a_new_edition_replaces_the_last_one_but_keeps_its_git(tmp_path):
+    """The folder is a clone of the edition's repository: the command rewrites it."""
+    (tmp_path / ".git").mkdir()
+    (tmp_path / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    (tmp_path / edition.MARK).write_text("")
+    (tmp_path / "solutions").mkdir()
+    (tmp_path / "solutions" / "bottleneck.py").write_text("# released last week\n")
+    edition._clear(tmp_path)
+    assert [p.name for p in tmp_path.iterdir()] == [".git"]
+    assert (tmp_path / ".git" / "HEAD").exists()
 
 
 # In the browser: the edition's book reads as the course's own ------------------------------

@@ -133,15 +133,27 @@ def strip_book_only(path: Path) -> None:
         path.write_text(jupytext.writes(notebook, fmt=fmt))
 
 
-def readdress(text: str, where: dict[str, str]) -> str:
+# The course's path of a student notebook, as pages name it ("<chapter>" may be HTML-escaped).
+RELEASED_NOTEBOOK = re.compile(
+    re.escape(f"{paths.COURSE_ROOT.relative_to(paths.REPO).as_posix()}/release/")
+    + r"([\w<>&;-]+)/\1\.ipynb"
+)
+# Pages about the private course (its layout, its grading): their paths stay the course's.
+INSTRUCTOR_PAGES = ("instructor_guide",)
+
+
+def readdress(text: str, where: dict[str, str], paths_too: bool = True) -> str:
     """The course's addresses, wherever a page or notebook names them, become the
-    edition's: a student of the edition is sent to the edition."""
+    edition's, and (``paths_too``) so do its student notebooks' paths: a student of the
+    edition is sent to the edition."""
     for key in ("repository_book", "repository"):
         # not where the course's address begins a longer one (the edition's, say)
         old = re.escape(where[key].rstrip("/")) + r"(?![\w-])"
         text = re.sub(
             old, where[key.replace("repository", "edition")].rstrip("/"), text
         )
+    if paths_too:
+        text = RELEASED_NOTEBOOK.sub(NOTEBOOK.format(chapter=r"\1"), text)
     return text
 
 
@@ -303,7 +315,8 @@ def write(out: Path, book_html: Path, with_solutions: list[str] = ()) -> Path:
                     text = path.read_text()
                 except UnicodeDecodeError:
                     continue
-                if (new := readdress(text, where)) != text:
+                about_the_course = any(p in path.name for p in INSTRUCTOR_PAGES)
+                if (new := readdress(text, where, not about_the_course)) != text:
                     path.write_text(new)
     return out
 
