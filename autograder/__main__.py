@@ -37,9 +37,13 @@ def _book(args) -> int:
 
 
 def _edition(args) -> int:
-    from autograder.build import edition
+    from autograder.build import build, edition
 
     try:
+        # refuse a wrong chapter before any work; then the student notebooks, fresh (the
+        # edition's are the ones you grade)
+        edition.released_modules(args.with_solutions)
+        build()
         out = edition.make(args.out_dir, args.with_solutions)
     except edition.EditionError as exc:
         print(exc, file=sys.stderr)

@@ -25,6 +25,7 @@ import tempfile
 from pathlib import Path
 
 import jupytext
+import nbformat
 import yaml
 
 from autograder import paths
@@ -117,20 +118,26 @@ def build_book(work: Path, cache: Path | None = None) -> Path:
 
 def strip_book_only(path: Path) -> None:
     """Drop the ``book-only`` cells (the import of the reference answers) from a page's
-    source in the built book: its MyST Markdown or its executed notebook."""
-    fmt = "ipynb" if path.suffix == ".ipynb" else "md:myst"
-    text = path.read_text()
-    if fmt != "ipynb" and "```{code-cell}" not in text:
+    source in the built book: its MyST Markdown or its executed notebook (whose cells'
+    ids, random at each build, are numbered instead: a new edition's diff shows changes
+    only)."""
+    if path.suffix == ".ipynb":
+        notebook = nbformat.reads(path.read_text(), as_version=4)
+    elif "```{code-cell}" in (text := path.read_text()):
+        notebook = jupytext.reads(text, fmt="md:myst")
+    else:
         return  # a page that is no notebook
-    notebook = jupytext.reads(text, fmt=fmt)
-    kept = [
+    notebook.cells = [
         cell
         for cell in notebook.cells
         if BOOK_ONLY not in cell.get("metadata", {}).get("tags", [])
     ]
-    if len(kept) != len(notebook.cells):
-        notebook.cells = kept
-        path.write_text(jupytext.writes(notebook, fmt=fmt))
+    if path.suffix == ".ipynb":
+        for number, cell in enumerate(notebook.cells):
+            cell.id = f"cell-{number}"
+        path.write_text(nbformat.writes(notebook))
+    else:
+        path.write_text(jupytext.writes(notebook, fmt="md:myst"))
 
 
 # The course's path of a student notebook, as pages name it ("<chapter>" may be HTML-escaped).
