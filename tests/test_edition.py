@@ -305,6 +305,39 @@ def test_no_page_or_notebook_sends_a_student_to_the_course_repository(
     assert "autograder/course/release" in (book / "instructor_guide.html").read_text()
 
 
+REPOSITORIES = re.compile(r"github\.com/([\w.-]+/[\w-]+)|([\w-]+\.github\.io/[\w-]+)")
+
+
+@pytest.mark.slow
+def test_every_repository_and_book_the_edition_names_is_the_editions(
+    html, student_edition
+):
+    """A page that names another course repository (say, the open course's address written
+    out in a fork's pages) sends students to its answers."""
+    ours = {
+        urlparse(WHERE["edition"]).path.strip("/"),
+        WHERE["edition_book"].split("//")[1].rstrip("/"),
+    }
+    named = {}
+    for path in student_edition.rglob("*"):
+        vendored = "_static" in path.parts and path.suffix != ".ipynb"  # MathJax...
+        if path.suffix in {".html", ".ipynb", ".md", ".cff", ".js"} and not vendored:
+            for match in REPOSITORIES.finditer(path.read_text()):
+                named.setdefault(match.group(1) or match.group(2), path)
+    others = {name: str(path) for name, path in named.items() if name not in ours}
+    assert not others, (
+        f"the edition names other repositories: {others}; write the course's address "
+        "in its pages as repository.url in _config.yml has it (the edition rewrites that)"
+    )
+    assert ours <= named.keys()
+    # the test of the test: the course's own set-up page names a repository not ours
+    course = {
+        m.group(1)
+        for m in REPOSITORIES.finditer((html / "book" / "setup.html").read_text())
+    }
+    assert course and not course & ours
+
+
 # The workflow that publishes the edition's book -------------------------------------------
 
 
