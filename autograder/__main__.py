@@ -43,6 +43,7 @@ def _edition(args) -> int:
         # refuse a wrong chapter before any work; then the student notebooks, fresh (the
         # edition's are the ones you grade)
         edition.released_modules(args.with_solutions)
+        edition.addresses()
         build()
         out = edition.make(args.out_dir, args.with_solutions)
     except edition.EditionError as exc:

@@ -382,6 +382,14 @@ def test_an_unknown_chapter_is_refused_before_anything_is_written(tmp_path, caps
     assert not out.exists()
 
 
+def test_an_edition_without_its_address_is_refused(monkeypatch, tmp_path):
+    config = tmp_path / "_config.yml"
+    config.write_text("repository:\n  url: https://github.com/a/b\n")
+    monkeypatch.setattr(edition, "CONFIG", config)
+    with pytest.raises(edition.EditionError, match="edition.url in _config.yml"):
+        edition.addresses()
+
+
 def test_a_folder_that_holds_no_edition_is_left_alone(tmp_path):
     (tmp_path / "notes.txt").write_text("mine")
     with pytest.raises(edition.EditionError, match="not empty"):

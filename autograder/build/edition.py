@@ -69,7 +69,12 @@ def addresses() -> dict[str, str]:
     config = _config()
     found = {}
     for key in ("repository", "edition"):
-        url = config[key]["url"].rstrip("/")
+        url = str(config.get(key, {}).get("url", "")).rstrip("/")
+        if not re.fullmatch(r"https://github\.com/[\w.-]+/[\w.-]+", url):
+            raise EditionError(
+                f"{key}.url in _config.yml must be a GitHub repository's address "
+                f"(https://github.com/<org>/<repo>), got {url!r}"
+            )
         org, repo = url.split("/")[-2:]
         found[key] = url
         found[f"{key}_book"] = f"https://{org.lower()}.github.io/{repo}/"
