@@ -1,5 +1,6 @@
 """Command line: ``python -m autograder build [--check]``, ``book``, ``grade ...``,
-``autograde ASSIGNMENT`` (a class into nbgrader's gradebook, in parallel), ``merge``
+``edition OUT_DIR`` (the student edition of a course taught for credit), ``autograde
+ASSIGNMENT`` (a class into nbgrader's gradebook, in parallel), ``merge``
 (shards' results into the gradebook), ``check`` (is this machine ready to grade?) and
 ``release`` (version, digests and the change log's freshness; ``--record`` at a release)."""
 
@@ -33,6 +34,28 @@ def _book(args) -> int:
 
     build()
     return subprocess.run(book_command(rebuild_all=args.all), env=book_env()).returncode
+
+
+def _edition(args) -> int:
+    from autograder.build import build, edition
+
+    try:
+        # refuse a wrong chapter before any work; then the student notebooks, fresh (the
+        # edition's are the ones you grade)
+        edition.released_modules(args.with_solutions)
+        edition.addresses()
+        build()
+        out = edition.make(args.out_dir, args.with_solutions)
+    except edition.EditionError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    where = edition.addresses()
+    print(
+        f"wrote the student edition in {out}: push it to {where['edition']} "
+        f"(branch {where['edition_branch']}); its book is published at "
+        f"{where['edition_book']}"
+    )
+    return 0
 
 
 def _limits(args):
@@ -290,6 +313,25 @@ def main(argv=None) -> int:
         "--all", action="store_true", help="rebuild every page, not only changed ones"
     )
     book.set_defaults(run=_book)
+    edition = commands.add_parser(
+        "edition",
+        help="write the student edition (notebooks, built book, no answers) into a folder "
+        "that becomes its own public repository (edition.url in _config.yml)",
+    )
+    edition.add_argument(
+        "out_dir",
+        type=Path,
+        help="a new or empty folder, or a clone of the edition's repository",
+    )
+    edition.add_argument(
+        "--with-solutions",
+        nargs="+",
+        default=[],
+        metavar="CHAPTER",
+        help="also release these chapters' worked solutions, e.g. 03_self_attention "
+        "(name every chapter released so far)",
+    )
+    edition.set_defaults(run=_edition)
     grade = commands.add_parser("grade", help="grade student notebooks")
     grade.add_argument("notebooks", nargs="+", type=Path)
     grade.add_argument(

@@ -6,23 +6,18 @@ host unreachable, and write a screenshot of each page to ``<build>/_build/screen
 """
 
 import html as html_module
-import os
 import re
-import subprocess
-from pathlib import Path
 from urllib.parse import unquote, urldefrag, urlparse
 
 import pytest
 import yaml
 
-from autograder.build.book import book_command, book_env
 from autograder.paths import REPO, chapter_ids
 from tests.browser import Browser, Site
 from tests.figures import alt_text_problems
 from tests.notebooks import CHAPTERS
 
 pytestmark = pytest.mark.slow
-BOOK_THREADS = 4  # the book's demos run on four threads here, on one in test_notebooks
 
 CONFIG = yaml.safe_load((REPO / "_config.yml").read_text())
 ROOT = yaml.safe_load((REPO / "_toc.yml").read_text())["root"]  # the landing page
@@ -54,28 +49,6 @@ PAPERS = {
     "jain2019attention": "Jain",
     "wiegreffe2019attention": "Wiegreffe",
 }
-
-
-@pytest.fixture(scope="session")
-def html(tmp_path_factory) -> Path:
-    """The book, built once per session (it executes every chapter: minutes). A maintainer
-    who works on the browser tests may point ``COURSE_BUILT_BOOK`` at a book already built
-    (its ``_build/html``) to skip the build; CI never sets it."""
-    if os.environ.get("COURSE_BUILT_BOOK"):
-        return Path(os.environ["COURSE_BUILT_BOOK"])
-    out = tmp_path_factory.mktemp("book")
-    run = subprocess.run(
-        book_command(path_output=out, rebuild_all=True),
-        capture_output=True,
-        text=True,
-        timeout=1800,
-        # as on a headless server (the book must still show every figure), and on four
-        # threads: test_notebooks runs the same demos on one, and each claim the prose
-        # makes about them (course_utils.claim) must hold on both
-        env=book_env(MPLBACKEND="Agg", OMP_NUM_THREADS=str(BOOK_THREADS)),
-    )
-    assert run.returncode == 0, run.stdout[-5000:] + run.stderr[-5000:]
-    return out / "_build" / "html"
 
 
 def _text(page: str) -> str:

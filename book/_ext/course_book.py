@@ -16,7 +16,9 @@
    written), the licences, and links to the About page (licence, versions, how to cite).
 
 Every link is derived from ``repository.url`` and ``repository.branch`` in ``_config.yml``
-and from its ``launch_buttons`` section.
+and from its ``launch_buttons`` section. The student edition (``python -m autograder
+edition``) builds the book with the edition's repository there, and with
+``course_notebook_path``, where the edition keeps the student notebooks.
 """
 
 from __future__ import annotations
@@ -55,6 +57,13 @@ def student_notebook(chapter: str) -> str:
     return f"autograder/course/release/{chapter}/{chapter}.ipynb"
 
 
+def notebook_in_repository(app: Sphinx, chapter: str) -> str:
+    """The path the launch links open: the student notebook's in the published repository
+    (the course's own, or the edition's ``course_notebook_path``)."""
+    template = app.config.course_notebook_path
+    return template.format(chapter=chapter) if template else student_notebook(chapter)
+
+
 def _repository(app: Sphinx) -> tuple[str, str, str]:
     """(org, repo, branch) from ``repository:`` in ``_config.yml``."""
     return _repository_of(app.config)
@@ -75,7 +84,7 @@ def launch_links(app: Sphinx, chapter: str) -> dict[str, str]:
     """Absolute links that open the chapter's student notebook, by service."""
     org, repo, branch = _repository(app)
     buttons = app.config.html_theme_options.get("launch_buttons", {})
-    path = student_notebook(chapter)
+    path = notebook_in_repository(app, chapter)
     ui = "lab/tree" if buttons.get("notebook_interface") == "jupyterlab" else "tree"
     links = {}
     colab = buttons.get("colab_url", "").rstrip("/")
@@ -154,7 +163,9 @@ def point_buttons_at_student_notebook(app, pagename, templatename, context, doct
                         f"{pagename}: cannot point the launch button {button.get('text')} "
                         f"at the student notebook (its link has changed form: {button.get('url')})"
                     )
-                button["url"] = button["url"].replace(source, student_notebook(chapter))
+                button["url"] = button["url"].replace(
+                    source, notebook_in_repository(app, chapter)
+                )
             elif button.get("label") == "download-notebook-button":
                 button["url"] = context["pathto"](f"{NOTEBOOKS}/{chapter}.ipynb", 1)
                 button["tooltip"] = "Download the student notebook"
@@ -277,6 +288,8 @@ def setup(app: Sphinx) -> dict:
     # nothing, and the book would build without a figure. The book renders the same
     # whoever builds it.
     os.environ.pop("MPLBACKEND", None)
+    # the student edition's notebook paths ("notebooks/{chapter}.ipynb"); "" is the course's
+    app.add_config_value("course_notebook_path", "", "html", types=[str])
     app.connect("config-inited", use_local_mathjax)
     # after sphinx-external-toc has made the table of contents' root the root document
     app.connect("config-inited", publish_under_project_path, priority=900)
