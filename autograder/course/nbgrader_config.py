@@ -33,14 +33,18 @@ from nbgrader.preprocessors import (
 c = get_config()  # noqa: F821 (provided by nbgrader when it loads this file)
 
 course_root = Path(__file__).resolve().parent
-repo = course_root.parents[1]
+repo = course_root.parents[1]  # the course repository, when this is its autograder/course/
 
 c.CourseDirectory.root = str(course_root)
 c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE\nraise NotImplementedError()"}
 c.ClearSolutions.enforce_metadata = True
 # Student code runs in the grading sandbox, never beside the course files: our grader
 # takes the place of nbgrader's Execute step (see autograder/grading/nbgrader_bridge.py).
-sys.path.insert(0, str(repo))
+# Only the course repository goes on the path: a course root copied elsewhere (two folders
+# below /, say) would otherwise put an unrelated folder there, which the sandbox then
+# shows the student's kernel. Such a root needs the repository on PYTHONPATH.
+if (repo / "autograder" / "grading" / "nbgrader_bridge.py").is_file():
+    sys.path.insert(0, str(repo))
 try:
     from autograder.grading.nbgrader_bridge import (
         COURSE_ID,
