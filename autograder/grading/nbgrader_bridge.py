@@ -15,7 +15,8 @@ the gradebook entry this run created for it is removed again).
 
 Each graded submission's provenance (the course version and the assignment's digest,
 ``provenance.py``) goes into the gradebook's table ``autograder_provenance`` and into a
-note at the top of the autograded notebook, so the feedback page shows it.
+note at the top of the autograded notebook, so the feedback page shows it; its verdicts
+go into the table ``autograder_verdicts`` (``verdict_record.py``) for the class report.
 
 ``python -m autograder autograde`` (``autograde.py``) grades a whole class in parallel
 first and then runs ``nbgrader autograde`` with the results in a file named by the
@@ -136,6 +137,7 @@ class SandboxedExecute(NbGraderPreprocessor):
         if result["message"]:
             self.log.warning("%s", result["message"])
         self._record_provenance(nb, resources["nbgrader"], assignment, result)
+        _record_verdicts(resources["nbgrader"], assignment, result)
         verdicts = {t["id"]: t for t in result["tests"]}
         for cell in nb.cells:
             grade_id = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
@@ -212,6 +214,16 @@ class SandboxedExecute(NbGraderPreprocessor):
         if (assignment, student) in _NEW_SUBMISSIONS and info.get("db_url"):
             with Gradebook(info["db_url"], COURSE_ID) as gb:
                 gb.remove_submission(assignment, student)
+
+
+def _record_verdicts(info: dict, assignment: str, result: dict) -> None:
+    """Every verdict of the grade, for the class report (``verdict_record.py``)."""
+    from autograder.grading import provenance, verdict_record
+
+    student, db_url = info.get("student"), info.get("db_url")
+    path = provenance.db_path(db_url) if db_url else None
+    if path and student:
+        verdict_record.record_graded(path, assignment, student, result)
 
 
 def run_hidden_test(
