@@ -206,7 +206,7 @@ def _class_report(args) -> int:
         print(f"nothing graded yet in {db}", file=sys.stderr)
         return 2
     out = args.out or root / "reports"
-    html, table = report(db, assignments, out, stem, args.names)
+    html, table = report(db, assignments, out, stem, args.names, stem == "class")
     print(f"wrote {html}\nwrote {table}")
     return 0
 

@@ -8,10 +8,17 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def report(db: Path, assignments: list[str], out: Path, stem: str, names: bool):
-    """Write the report of ``assignments`` (one, or several for the class-wide form) to
-    ``out/<stem>.html`` and ``.csv``; return their paths."""
+def report(
+    db: Path,
+    assignments: list[str],
+    out: Path,
+    stem: str,
+    names: bool,
+    class_wide: bool = False,
+):
+    """Write the report of ``assignments`` to ``out/<stem>.html`` and ``.csv`` (the
+    class-wide form: with a heat map of students by exercises); return their paths."""
     from autograder.report import data, page
 
     course = data.read_course(db, assignments)
-    return page.write(course, out, stem, db, names)
+    return page.write(course, out, stem, db, names, class_wide)

@@ -152,19 +152,24 @@ def csv_rows(course: Course, names: Names) -> list[list]:
 
 
 def write(
-    course: Course, out: Path, stem: str, gradebook: Path, show_names: bool
+    course: Course,
+    out: Path,
+    stem: str,
+    gradebook: Path,
+    show_names: bool,
+    class_wide: bool,
 ) -> tuple[Path, Path]:
-    """Write ``out/<stem>.html`` and ``out/<stem>.csv``; return their paths."""
+    """Write ``out/<stem>.html`` and ``out/<stem>.csv``; return their paths. The
+    class-wide form adds the heat map of students by exercises."""
     names = Names(_everyone(course), show_names)
     out.mkdir(parents=True, exist_ok=True)
     html_path, csv_path = out / f"{stem}.html", out / f"{stem}.csv"
     env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
     env.filters["num"] = _num
     env.filters["who"] = names.many
-    several = len(course.assignments) > 1
     title = (
-        "Class report: all assignments"
-        if several
+        "Class report: every assignment graded"
+        if class_wide
         else f"Class report: {course.assignments[0].name}"
     )
     page = env.from_string(TEMPLATE.read_text()).render(
@@ -174,7 +179,7 @@ def write(
         names=show_names,
         csv_name=csv_path.name,
         assignments=[_assignment_view(a) for a in course.assignments],
-        heat=_heat(course, names) if several else None,
+        heat=_heat(course, names) if class_wide else None,
     )
     html_path.write_text(page)
     with open(csv_path, "w", newline="") as f:

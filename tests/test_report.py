@@ -1,0 +1,176 @@
+"""The instructor's class report: a class of chapter-3 submissions with known mistakes
+planted is autograded for real, and the report counts exactly what was planted."""
+
+import csv
+import shutil
+
+import pytest
+
+from autograder import paths
+from autograder.grading import verdict_record
+from autograder.report import data
+from tests.browser import Browser, Site
+from tests.notebooks import release_notebook, student_notebook, with_extra_cell, write
+from tests.test_class_autograde import _run
+
+pytestmark = pytest.mark.slow
+CHAPTER = "03_self_attention"
+SDPA = "scaled_dot_product_attention"
+
+UNSCALED = ("/ math.sqrt(d_k)", "")
+INVERTED_PADDING = ("(positions < lengths[:, None])", "(positions >= lengths[:, None])")
+DELEGATES = """import torch.nn.functional as F
+
+
+def scaled_dot_product_attention(q, k, v, mask=None):
+    weights = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.size(-1)), dim=-1)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask), weights
+"""
+
+
+def _planted(old, new):
+    """A submission with one known mistake planted in the reference answers."""
+    return lambda: student_notebook(CHAPTER, lambda source: source.replace(old, new))
+
+
+SUBMISSIONS = {
+    "alice": lambda: student_notebook(CHAPTER),
+    "bob": lambda: release_notebook(CHAPTER),  # untouched: NotImplementedError
+    "carol": _planted(*UNSCALED),
+    "dave": _planted(*UNSCALED),
+    "erin": _planted(*INVERTED_PADDING),
+    "frank": lambda: with_extra_cell(
+        student_notebook(CHAPTER), DELEGATES, f"exercise_{SDPA}"
+    ),
+    "gus": None,  # no notebook at all: nbgrader cannot process it
+    "hank": lambda: with_extra_cell(  # a cell that runs past its time limit
+        student_notebook(CHAPTER), "while True:\n    pass", "exercise_causal_mask"
+    ),
+}
+
+
+@pytest.fixture(scope="module")
+def course(tmp_path_factory):
+    root = tmp_path_factory.mktemp("report") / "course"
+    root.mkdir()
+    shutil.copy(paths.COURSE_ROOT / "nbgrader_config.py", root)
+    shutil.copytree(paths.COURSE_ROOT / "source", root / "source")
+    for student, make in SUBMISSIONS.items():
+        folder = root / "submitted" / student / CHAPTER
+        folder.mkdir(parents=True)
+        if make is None:
+            (folder / f"{CHAPTER}.ipynb").write_text('{"cells": [')
+        else:
+            write(make(), folder / f"{CHAPTER}.ipynb")
+    _run(
+        paths.REPO, "-m", "autograder", "autograde", CHAPTER, "--jobs", "2",
+        "--seed", "7", "--cell-timeout", "10", "--course-dir", str(root), status=1,
+    )  # fmt: skip
+    for args in ([CHAPTER], [CHAPTER, "--names", "--out", str(root / "named")], []):
+        _run(paths.REPO, "-m", "autograder", "report", *args, "--course-dir", str(root))
+    return root
+
+
+@pytest.fixture(scope="module")
+def browser():
+    b = Browser()
+    yield b
+    b.close()
+
+
+def test_the_report_counts_what_the_class_did(course):
+    a = data.read_assignment(course / "gradebook.db", CHAPTER)
+    scores = {s.id: s.score for s in a.students}
+    assert scores == {"alice": 10, "bob": 0, "carol": 2, "dave": 2, "erin": 9,
+                      "frank": 2, "hank": 10}  # fmt: skip
+    mistakes = {(f.exercise, f.what): f.students for f in a.mistakes}
+    assert mistakes[SDPA, "unscaled"] == ["carol", "dave"]
+    assert mistakes["padding_mask", "inverted"] == ["erin"]
+    assert {s for f in a.mistakes for s in f.students} == {"carol", "dave", "erin"}
+    # the untouched notebook matches no known mistake: one group per exercise
+    unmatched = {f.exercise: f for f in a.unmatched}
+    assert set(unmatched) == {SDPA, "causal_mask", "padding_mask", "SelfAttention"}
+    for f in unmatched.values():
+        assert f.students == ["bob"] and "NotImplementedError" in f.detail
+    # frank's delegation is a refusal, not a wrong answer, with its route
+    assert {(r["student"], r["exercise"]) for r in a.refusals} == {
+        ("frank", SDPA),
+        ("frank", "SelfAttention"),
+    }
+    assert all("sdpa (found in its code)" in r["route"] for r in a.refusals)
+    again = {t["student"]: t for t in a.to_grade_again}
+    assert set(again) == {"gus", "hank"}
+    assert again["gus"]["outcome"] == verdict_record.NOT_AUTOGRADED
+    assert again["hank"]["limits"] == "time"
+    assert "past its time limit" in again["hank"]["message"]
+    assert a.hardest_first()[0] == SDPA  # lost by bob, carol, dave, frank
+    assert a.lost_by(SDPA) == 4 and a.lost_by("causal_mask") == 1
+
+
+def test_a_regrade_replaces_the_students_rows(course, tmp_path):
+    """Recorded again (as a re-grade records it), carol's rows are replaced: her
+    mistake is gone from the report, and she has one row per hidden test."""
+    db = shutil.copy(course / "gradebook.db", tmp_path / "gradebook.db")
+    _, verdicts = verdict_record.read(db, CHAPTER)
+    tests = [v for v in verdicts if v["student"] == "alice"]
+    result = {"tests": [{**v, "id": v["test"]} for v in tests], "message": ""}
+    verdict_record.record_graded(db, CHAPTER, "carol", result)
+    _, verdicts = verdict_record.read(db, CHAPTER)
+    assert sorted(v["test"] for v in verdicts if v["student"] == "carol") == sorted(
+        v["test"] for v in tests
+    )
+    a = data.read_assignment(db, CHAPTER)
+    mistakes = {(f.exercise, f.what): f.students for f in a.mistakes}
+    assert mistakes[SDPA, "unscaled"] == ["dave"]
+
+
+def test_the_csv_holds_the_pages_numbers_and_hides_names(course):
+    rows = list(csv.DictReader(open(course / "reports" / f"{CHAPTER}.csv")))
+    totals = sorted(float(r["score"]) for r in rows if r["exercise"] == "(total)")
+    assert totals == [0, 2, 2, 2, 9, 10, 10]
+    unscaled = [
+        r for r in rows if r["exercise"] == SDPA and "unscaled" in r["mistakes"]
+    ]
+    assert len(unscaled) == 2
+    assert all(r["student"].startswith("student ") for r in rows)
+    named = list(csv.DictReader(open(course / "named" / f"{CHAPTER}.csv")))
+    assert {r["student"] for r in named} == set(SUBMISSIONS) - {"gus"}
+
+
+def test_names_are_shown_only_when_asked(course):
+    hidden = (course / "reports" / f"{CHAPTER}.html").read_text()
+    hidden += (course / "reports" / "class.html").read_text()
+    named = (course / "named" / f"{CHAPTER}.html").read_text()
+    for student in SUBMISSIONS:
+        assert student not in hidden
+    for student in set(SUBMISSIONS) - {"alice"}:  # full marks: in no list to name
+        assert student in named  # the test of the test: the same check finds them
+
+
+@pytest.mark.parametrize("page", [f"reports/{CHAPTER}.html", "reports/class.html"])
+def test_the_page_is_self_contained_and_accessible(course, browser, page, tmp_path):
+    site = Site(course, "/")
+    try:
+        script = """return [...document.querySelectorAll('img, svg')].map(
+            e => e.getAttribute('alt') || e.getAttribute('aria-label') || '')"""
+        visit = browser.visit(site.url + page, script)
+        assert visit.requested == [site.url + page] and not visit.errors
+        assert visit.value and all(len(alt) > 40 for alt in visit.value)
+        assert browser.accessibility_violations(site.url + page) == []
+        # the test of the test: a page that loads anything else is caught
+        leaky = course / "leaky.html"
+        leaky.write_text(
+            (course / page)
+            .read_text()
+            .replace(
+                "</main>", '<img src="/elsewhere.png" alt="a picture elsewhere"></main>'
+            )
+        )
+        assert browser.visit(site.url + "leaky.html", "return 1").requested != [
+            site.url + "leaky.html"
+        ]
+    finally:
+        site.close()
+    if page.endswith("class.html"):
+        text = (course / page).read_text()
+        assert "Heat map of 7 students by 4 exercises" in text
