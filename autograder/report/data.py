@@ -133,12 +133,16 @@ def assignments_in(db: Path) -> list[str]:
 
 
 _NUMBER = re.compile(r"\d+(?:\.\d+)?(?:e[-+]?\d+)?")
+# judge._compare_outputs' "`exercise` case i of n (label): problem."
+_CASE = re.compile(r"`[^`]+` case \d+ of \d+(?: \(.*?\))?: (?P<problem>.*)", re.S)
 
 
 def message_shape(message: str) -> str:
-    """A failure's message with its numbers masked, so that the same failure on other
-    cases or by other amounts groups together."""
-    return _NUMBER.sub("#", message)
+    """What a failure's message says went wrong, without the case it went wrong on and
+    with its numbers masked, so that the same failure on other cases or by other amounts
+    groups together."""
+    case = _CASE.fullmatch(message)
+    return _NUMBER.sub("#", case["problem"] if case else message)
 
 
 def read_assignment(db: Path, name: str) -> Assignment:
