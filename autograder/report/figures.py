@@ -51,14 +51,22 @@ def histogram(scores: list[float], top: float, what: str) -> Plot:
     return Plot(_png(fig), alt)
 
 
-def heat_map(rows: list[str], columns: list[str], shares: list[list[float]]) -> Plot:
-    """Students (rows) by exercises (columns): the share of each exercise's points."""
+def heat_map(
+    rows: list[str], columns: list[str], shares: list[list[float | None]]
+) -> Plot:
+    """Students (rows) by exercises (columns): the share of each exercise's points
+    (None: no grade for that assignment, drawn white)."""
+    import matplotlib
+    import numpy as np
+
+    values = np.ma.masked_invalid(np.array(shares, dtype=float).reshape(len(rows), -1))
+    cmap = matplotlib.colormaps["cividis"].with_extremes(bad="white")
     fig = Figure(
         figsize=(min(1.0 + 0.45 * len(columns), 16), min(1.5 + 0.18 * len(rows), 12))
     )
     ax = fig.add_subplot()
     image = ax.imshow(
-        shares, aspect="auto", cmap="cividis", vmin=0, vmax=1, interpolation="nearest"
+        values, aspect="auto", cmap=cmap, vmin=0, vmax=1, interpolation="nearest"
     )
     ax.set_xticks(range(len(columns)), columns, rotation=60, ha="right", fontsize=8)
     if len(rows) <= 60:
@@ -70,6 +78,7 @@ def heat_map(rows: list[str], columns: list[str], shares: list[list[float]]) -> 
     alt = (
         f"Heat map of {len(rows)} students by {len(columns)} exercises: each cell's "
         "brightness is the share of the exercise's points the student earned, from dark "
-        "(none) to light (all). The table of scores below gives every number."
+        "(none) to light (all); white where the student has no grade for the "
+        "assignment. The table of scores below gives every number."
     )
     return Plot(_png(fig), alt)

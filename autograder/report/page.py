@@ -82,11 +82,16 @@ def _assignment_view(a: Assignment) -> dict:
     }
 
 
-def _heat(course: Course, names: Names) -> dict:
-    columns = [(a, e) for a in course.assignments for e in a.exercises]
+def _heat(course: Course, names: Names) -> dict | None:
+    # an exercise worth no points (feedback only) has no share to show
+    columns = [
+        (a, e) for a in course.assignments for e in a.exercises if a.max_points[e]
+    ]
     students = sorted(
         {s.id for a in course.assignments for s in a.students}, key=names.number.get
     )
+    if not students or not columns:
+        return None
     scores = {
         (a.name, s.id): s.by_exercise for a in course.assignments for s in a.students
     }
@@ -97,7 +102,7 @@ def _heat(course: Course, names: Names) -> dict:
             got = scores.get((a.name, student))
             top = a.max_points[e]
             cells.append("" if got is None else f"{got.get(e, 0.0):g}/{top:g}")
-            share.append(0.0 if got is None or not top else got.get(e, 0.0) / top)
+            share.append(None if got is None else got.get(e, 0.0) / top)
         rows.append({"student": student, "cells": cells})
         shares.append(share)
     labels = [f"{a.name[:2]} {e}" for a, e in columns]
