@@ -2,21 +2,28 @@
 planted is autograded for real, and the report counts exactly what was planted."""
 
 import csv
+import importlib
+import importlib.util
 import os
+import re
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
+import nbformat
 import pytest
+import yaml
+from docutils.nodes import make_id
 from PIL import Image
 
 from autograder import paths
 from autograder.grading import verdict_record
+from autograder.grading.spec import graded_chapters, load_chapter_tests
 from autograder.report import data
 from tests.browser import Browser, Site
 from tests.notebooks import release_notebook, student_notebook, with_extra_cell, write
 from tests.test_class_autograde import _run
 
-pytestmark = pytest.mark.slow
 CHAPTER = "03_self_attention"
 # set to a PNG path to save the picture of the report in the instructor guide:
 # COURSE_REPORT_SCREENSHOT=book/images/class_report.png python -m pytest tests/test_report.py
@@ -84,6 +91,7 @@ def browser():
     b.close()
 
 
+@pytest.mark.slow
 def test_the_report_counts_what_the_class_did(course):
     a = data.read_assignment(course / "gradebook.db", CHAPTER)
     scores = {s.id: s.score for s in a.students}
@@ -110,10 +118,22 @@ def test_the_report_counts_what_the_class_did(course):
     assert again["gus"]["outcome"] == verdict_record.NOT_AUTOGRADED
     assert again["hank"]["limits"] == "time"
     assert "past its time limit" in again["hank"]["message"]
+    # the feedback names the mistake and the section of the chapter that teaches it
+    feedback = nbformat.read(
+        course / "autograded" / "carol" / CHAPTER / f"{CHAPTER}.ipynb", as_version=4
+    )
+    errors = [o.get("evalue", "") for c in feedback.cells for o in c.get("outputs", [])]
+    address = paths.chapter_page(CHAPTER, "scaled-dot-product-attention")
+    assert any(
+        "Likely mistake: your scores look unscaled" in e
+        and f"Read again: {address}" in e
+        for e in errors
+    )
     assert a.hardest_first()[0] == SDPA  # lost by bob, carol, dave, frank
     assert a.lost_by(SDPA) == 4 and a.lost_by("causal_mask") == 1
 
 
+@pytest.mark.slow
 def test_a_regrade_replaces_the_students_rows(course, tmp_path):
     """Recorded again (as a re-grade records it), carol's rows are replaced: her
     mistake is gone from the report, and she has one row per hidden test."""
@@ -131,6 +151,7 @@ def test_a_regrade_replaces_the_students_rows(course, tmp_path):
     assert mistakes[SDPA, "unscaled"] == ["dave"]
 
 
+@pytest.mark.slow
 def test_the_csv_holds_the_pages_numbers_and_hides_names(course):
     rows = list(csv.DictReader(open(course / "reports" / f"{CHAPTER}.csv")))
     totals = sorted(float(r["score"]) for r in rows if r["exercise"] == "(total)")
@@ -144,6 +165,7 @@ def test_the_csv_holds_the_pages_numbers_and_hides_names(course):
     assert {r["student"] for r in named} == set(SUBMISSIONS) - {"gus"}
 
 
+@pytest.mark.slow
 def test_names_are_shown_only_when_asked(course):
     hidden = (course / "reports" / f"{CHAPTER}.html").read_text()
     hidden += (course / "reports" / "class.html").read_text()
@@ -154,6 +176,7 @@ def test_names_are_shown_only_when_asked(course):
         assert student in named  # the test of the test: the same check finds them
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("page", [f"reports/{CHAPTER}.html", "reports/class.html"])
 def test_the_page_is_self_contained_and_accessible(course, browser, page, tmp_path):
     site = Site(course, "/")
@@ -185,3 +208,56 @@ def test_the_page_is_self_contained_and_accessible(course, browser, page, tmp_pa
     if page.endswith("class.html"):
         text = (course / page).read_text()
         assert "Heat map of 7 students by 4 exercises" in text
+
+
+def _heading_ids(chapter: str) -> set[str]:
+    """The ids the book gives the chapter's headings (docutils' ``make_id`` of their
+    text), read from its MyST source outside code cells."""
+    ids, fenced = set(), False
+    for line in paths.chapter_source(chapter).read_text().splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+        elif not fenced and re.match(r"#{1,6} ", line):
+            ids.add(make_id(re.sub(r"[`*$]", "", line.lstrip("#"))))
+    return ids
+
+
+def test_every_section_a_mistake_links_to_is_a_heading_of_its_chapter():
+    for chapter in graded_chapters():
+        for m in load_chapter_tests(chapter).mistakes:
+            if m.section:
+                teaches, anchor = m.section.split("#")
+                assert anchor in _heading_ids(teaches), (
+                    f"{chapter}: {m.exercise} {m.name!r}"
+                )
+    # chapters 3 and 4 link every known mistake they define
+    for chapter in (CHAPTER, "04_multi_head"):
+        module = importlib.import_module(
+            f"autograder.known_mistakes.{paths.module_name(chapter)}"
+        )
+        assert all(m.section.startswith(f"{chapter}#") for m in module.MISTAKES)
+    # the test of the test: headings are found, code comments are not
+    ids = _heading_ids(CHAPTER)
+    assert "exercise-4-a-self-attention-layer" in ids and "learning-goals" in ids
+    assert not any(i.startswith("book-build-only") for i in ids)
+    built = os.environ.get("COURSE_BUILT_BOOK")  # a built book: its pages have the ids
+    if built:
+        page = Path(built) / "chapters" / CHAPTER / f"{CHAPTER}.html"
+        for m in load_chapter_tests(CHAPTER).mistakes:
+            assert f'id="{m.section.split("#")[1]}"' in page.read_text()
+
+
+def test_the_feedbacks_links_lead_to_the_books_address():
+    """The address in "Read again" is the one the book is published at (its
+    ``html_baseurl``, set by book/_ext from the same _config.yml)."""
+    spec = importlib.util.spec_from_file_location(
+        "course_book", paths.REPO / "book" / "_ext" / "course_book.py"
+    )
+    course_book = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(course_book)
+    url = yaml.safe_load((paths.REPO / "_config.yml").read_text())["repository"]["url"]
+    config = SimpleNamespace(
+        html_theme_options={"repository_url": url}, root_doc="intro"
+    )
+    course_book.publish_under_project_path(None, config)
+    assert paths.book_address() == config.html_baseurl

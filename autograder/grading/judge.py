@@ -21,7 +21,7 @@ from autograder.grading.probe import Outcome
 from autograder.grading.spec import ChapterTests, HiddenTest, Mistake
 from autograder.grading.student_code import StudentCode
 from autograder.grading.tolerances import LEVELS, Tolerance
-from autograder.paths import load_course_utils
+from autograder.paths import chapter_page, load_course_utils
 
 course_utils = load_course_utils()  # the same comparison the visible checks use
 
@@ -213,6 +213,8 @@ def _compare_outputs(
             message = f"`{test.exercise}` {where}: {problem}."
             mistake = _recognise_mistake(tests, prepared, got, tol)
             hint = f" Likely mistake: {mistake.hint}" if mistake else ""
+            if mistake and mistake.section:
+                hint += f" Read again: {chapter_page(*mistake.section.split('#'))}"
             return Verdict(
                 test.id,
                 test.points,
