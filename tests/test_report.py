@@ -14,10 +14,12 @@ import nbformat
 import pytest
 import yaml
 from docutils.nodes import make_id
+from nbgrader.api import Gradebook
 from PIL import Image
 
 from autograder import paths
 from autograder.grading import verdict_record
+from autograder.grading.nbgrader_bridge import COURSE_ID
 from autograder.grading.spec import graded_chapters, load_chapter_tests
 from autograder.report import data
 from tests.browser import Browser, Site
@@ -149,6 +151,16 @@ def test_a_regrade_replaces_the_students_rows(course, tmp_path):
     a = data.read_assignment(db, CHAPTER)
     mistakes = {(f.exercise, f.what): f.students for f in a.mistakes}
     assert mistakes[SDPA, "unscaled"] == ["dave"]
+    # carol's verdicts recorded here are no longer the gradebook's scores (as if her
+    # four failed tests had been given full points by hand): the report counts them
+    assert a.hand_changed == 4
+    # a score the instructor changed by hand counts as they set it, and is counted
+    with Gradebook(f"sqlite:///{db}", COURSE_ID) as gb:
+        gb.find_grade("sdpa_basic", CHAPTER, CHAPTER, "dave").manual_score = 2.0
+        gb.db.commit()
+    a = data.read_assignment(db, CHAPTER)
+    assert a.hand_changed == 5
+    assert {s.id: s.score for s in a.students}["dave"] == 4
 
 
 @pytest.mark.slow

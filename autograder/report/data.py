@@ -145,13 +145,9 @@ def message_shape(message: str) -> str:
     return _NUMBER.sub("#", case["problem"] if case else message)
 
 
-def read_assignment(db: Path, name: str) -> Assignment:
-    tests = load_chapter_tests(name)
-    exercise_of = {t.id: t.exercise for t in tests.tests}
-    max_points: dict[str, float] = defaultdict(float)
-    for t in tests.tests:
-        max_points[t.exercise] += t.points
-    submitted, grades = _gradebook_rows(db, name)
+def _scores(submitted, grades, exercise_of, max_points):
+    """Each graded student's score per exercise, the points per exercise (as the
+    gradebook holds them, where it holds any), and each graded cell's score."""
     by_student: dict[str, dict[str, float]] = {s: {} for s in submitted}
     scored: dict[str, bool] = dict.fromkeys(submitted, False)
     cell_score, cell_max = {}, {}
@@ -162,11 +158,10 @@ def read_assignment(db: Path, name: str) -> Assignment:
         by[exercise] = by.get(exercise, 0.0) + float(score)
         scored[student] |= auto is not None or manual is not None
         cell_score[student, test] = float(score)
-    if cell_max:  # the points as the gradebook holds them, where it holds any
+    if cell_max:
         max_points = defaultdict(float)
         for test, top in cell_max.items():
             max_points[exercise_of.get(test, test)] += top
-    attempts, verdicts = verdict_record.read(db, name)
     # a submission nbgrader entered but graded nothing of (it could not read it) has
     # no grade: it is listed to grade again, not counted as a zero
     students = [
@@ -174,8 +169,30 @@ def read_assignment(db: Path, name: str) -> Assignment:
         for s, by in sorted(by_student.items())
         if scored[s]
     ]
+    return students, dict(max_points), cell_score
+
+
+def _findings(groups: dict[tuple, set], detail) -> list[Finding]:
+    return sorted(
+        (
+            Finding(e, what, detail(e, what), sorted(ss))
+            for (e, what), ss in groups.items()
+        ),
+        key=lambda f: (-len(f.students), f.exercise, f.what),
+    )
+
+
+def read_assignment(db: Path, name: str) -> Assignment:
+    tests = load_chapter_tests(name)
+    exercise_of = {t.id: t.exercise for t in tests.tests}
+    points: dict[str, float] = defaultdict(float)
+    for t in tests.tests:
+        points[t.exercise] += t.points
+    students, max_points, cell_score = _scores(
+        *_gradebook_rows(db, name), exercise_of, points
+    )
+    attempts, verdicts = verdict_record.read(db, name)
     graded = {s.id for s in students}
-    hints = {(m.exercise, m.name): m.hint for m in tests.mistakes}
     mistakes: dict[tuple, set] = defaultdict(set)
     unmatched: dict[tuple, set] = defaultdict(set)
     example: dict[tuple, str] = {}
@@ -185,17 +202,12 @@ def read_assignment(db: Path, name: str) -> Assignment:
             continue
         exercise = exercise_of.get(v["test"], v["test"])
         recorded = cell_score.get((v["student"], v["test"]))
-        if recorded is not None and recorded != v["score"]:
-            hand_changed += 1
+        hand_changed += recorded is not None and recorded != v["score"]
         if v["refused"]:
             refusals.append(
-                {
-                    "student": v["student"],
-                    "exercise": exercise,
-                    "test": v["test"],
-                    "route": v["refused"],
-                }
-            )
+                {"student": v["student"], "exercise": exercise, "test": v["test"],
+                 "route": v["refused"]}
+            )  # fmt: skip
         elif v["mistake"]:
             mistakes[exercise, v["mistake"]].add(v["student"])
         elif not v["passed"]:
@@ -203,36 +215,22 @@ def read_assignment(db: Path, name: str) -> Assignment:
             unmatched[key].add(v["student"])
             example.setdefault(key, v["message"])
     to_grade_again = [
-        {
-            "student": a["student"],
-            "outcome": a["outcome"],
-            "limits": a["limits"] or "",
-            "message": a["message"] or "",
-        }
+        {"student": a["student"], "outcome": a["outcome"], "limits": a["limits"] or "",
+         "message": a["message"] or ""}
         for a in sorted(attempts.values(), key=lambda a: a["student"])
         if a["outcome"] != verdict_record.GRADED or a["limits"]
-    ]
-
+    ]  # fmt: skip
+    hints = {(m.exercise, m.name): m.hint for m in tests.mistakes}
     order = {e: i for i, e in enumerate(tests.exercises)}
-
-    def findings(groups, detail):
-        return sorted(
-            (
-                Finding(e, what, detail(e, what), sorted(ss))
-                for (e, what), ss in groups.items()
-            ),
-            key=lambda f: (-len(f.students), f.exercise, f.what),
-        )
-
     return Assignment(
         name=name,
         exercises=sorted(
             max_points, key=lambda e: (e not in order, order.get(e, 0), e)
         ),
-        max_points=dict(max_points),
+        max_points=max_points,
         students=students,
-        mistakes=findings(mistakes, lambda e, m: hints.get((e, m), "")),
-        unmatched=findings(unmatched, lambda e, shape: example[e, shape]),
+        mistakes=_findings(mistakes, lambda e, m: hints.get((e, m), "")),
+        unmatched=_findings(unmatched, lambda e, shape: example[e, shape]),
         refusals=sorted(
             refusals, key=lambda r: (r["exercise"], r["student"], r["test"])
         ),
