@@ -273,3 +273,17 @@ def test_the_feedbacks_links_lead_to_the_books_address():
     )
     course_book.publish_under_project_path(None, config)
     assert paths.book_address() == config.html_baseurl
+
+
+def test_plain_nbgrader_records_why_a_submission_was_not_graded(tmp_path):
+    """``nbgrader autograde`` records no grade for a submission a grader fault spoiled;
+    the bridge records the attempt and its reason for the report's list to grade again."""
+    from autograder.grading.nbgrader_bridge import _record_verdicts
+
+    db = tmp_path / "gradebook.db"
+    info = {"student": "ivy", "db_url": f"sqlite:///{db}"}
+    why = "not graded: grader fault: killed from outside. This is no grade: grade again"
+    _record_verdicts(info, CHAPTER, {"graded": False, "message": why, "tests": []})
+    attempts, verdicts = verdict_record.read(db, CHAPTER)
+    assert attempts["ivy"]["outcome"] == verdict_record.NOT_GRADED
+    assert attempts["ivy"]["message"] == why and verdicts == []

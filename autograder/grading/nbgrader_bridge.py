@@ -133,6 +133,7 @@ class SandboxedExecute(NbGraderPreprocessor):
             result = self._grade_here(nb, resources["nbgrader"], assignment)
         if not result["graded"]:
             self._forget(resources["nbgrader"], assignment)
+            _record_verdicts(resources["nbgrader"], assignment, result)
             raise RuntimeError(f"[autograder] {result['message']}")
         if result["message"]:
             self.log.warning("%s", result["message"])
@@ -217,13 +218,20 @@ class SandboxedExecute(NbGraderPreprocessor):
 
 
 def _record_verdicts(info: dict, assignment: str, result: dict) -> None:
-    """Every verdict of the grade, for the class report (``verdict_record.py``)."""
+    """Every verdict of the grade, or why there is none, for the class report
+    (``verdict_record.py``)."""
     from autograder.grading import provenance, verdict_record
 
     student, db_url = info.get("student"), info.get("db_url")
     path = provenance.db_path(db_url) if db_url else None
-    if path and student:
+    if not (path and student):
+        return
+    if result["graded"]:
         verdict_record.record_graded(path, assignment, student, result)
+    else:
+        verdict_record.record_attempt(
+            path, assignment, student, verdict_record.NOT_GRADED, result["message"]
+        )
 
 
 def run_hidden_test(
