@@ -101,6 +101,10 @@ def test_the_report_counts_what_the_class_did(course):
                       "frank": 2, "hank": 10}  # fmt: skip
     mistakes = {(f.exercise, f.what): f.students for f in a.mistakes}
     assert mistakes[SDPA, "unscaled"] == ["carol", "dave"]
+    (unscaled,) = [f for f in a.mistakes if (f.exercise, f.what) == (SDPA, "unscaled")]
+    assert unscaled.section == paths.chapter_page(
+        CHAPTER, "scaled-dot-product-attention"
+    )
     assert mistakes["padding_mask", "inverted"] == ["erin"]
     assert {s for f in a.mistakes for s in f.students} == {"carol", "dave", "erin"}
     # the untouched notebook matches no known mistake: one group per exercise

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from autograder.grading import verdict_record
 from autograder.grading.spec import load_chapter_tests
+from autograder.paths import chapter_page
 
 
 @dataclass
@@ -37,6 +38,7 @@ class Finding:
     what: str  # the mistake's name, or the message's shape
     detail: str  # the mistake's hint, or one example of the message
     students: list[str]
+    section: str = ""  # where the book teaches the point (a known mistake's link)
 
 
 @dataclass
@@ -182,6 +184,16 @@ def _findings(groups: dict[tuple, set], detail) -> list[Finding]:
     )
 
 
+def _with_hint(finding: Finding, known: dict) -> Finding:
+    """A known mistake's finding with the hint the feedback gave and the address of the
+    section of the book that teaches the point."""
+    m = known.get((finding.exercise, finding.what))
+    if m is None:  # a mistake since renamed or removed
+        return finding
+    link = chapter_page(*m.section.split("#")) if m.section else ""
+    return replace(finding, detail=m.hint, section=link)
+
+
 def read_assignment(db: Path, name: str) -> Assignment:
     tests = load_chapter_tests(name)
     exercise_of = {t.id: t.exercise for t in tests.tests}
@@ -220,7 +232,7 @@ def read_assignment(db: Path, name: str) -> Assignment:
         for a in sorted(attempts.values(), key=lambda a: a["student"])
         if a["outcome"] != verdict_record.GRADED or a["limits"]
     ]  # fmt: skip
-    hints = {(m.exercise, m.name): m.hint for m in tests.mistakes}
+    known = {(m.exercise, m.name): m for m in tests.mistakes}
     order = {e: i for i, e in enumerate(tests.exercises)}
     return Assignment(
         name=name,
@@ -229,7 +241,7 @@ def read_assignment(db: Path, name: str) -> Assignment:
         ),
         max_points=max_points,
         students=students,
-        mistakes=_findings(mistakes, lambda e, m: hints.get((e, m), "")),
+        mistakes=[_with_hint(f, known) for f in _findings(mistakes, lambda *_: "")],
         unmatched=_findings(unmatched, lambda e, shape: example[e, shape]),
         refusals=sorted(
             refusals, key=lambda r: (r["exercise"], r["student"], r["test"])
