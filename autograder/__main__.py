@@ -2,7 +2,8 @@
 ``edition OUT_DIR`` (the student edition of a course taught for credit), ``autograde
 ASSIGNMENT`` (a class into nbgrader's gradebook, in parallel), ``merge``
 (shards' results into the gradebook), ``check`` (is this machine ready to grade?) and
-``release`` (version, digests and the change log's freshness; ``--record`` at a release)."""
+``release`` (version, digests and the change log's freshness; ``--record`` at a release)
+and ``report [ASSIGNMENT]`` (the class report: what the class got wrong)."""
 
 import argparse
 import json
@@ -204,6 +205,37 @@ def _merge(args) -> int:
     return 4 if any(not r["graded"] for r in results) else 0
 
 
+def _class_report(args) -> int:
+    from autograder.grading import autograde as ag
+    from autograder.grading.spec import graded_chapters
+    from autograder.report import report
+    from autograder.report.data import assignments_in
+
+    root = ag.course_root(args.course_dir)
+    db = root / "gradebook.db"
+    if not db.is_file():
+        print(f"no gradebook at {db}: autograde an assignment first", file=sys.stderr)
+        return 2
+    if args.assignment in (None, "all"):
+        assignments, stem = assignments_in(db), "class"
+    elif args.assignment in graded_chapters():
+        assignments, stem = [args.assignment], args.assignment
+    else:
+        print(
+            f"unknown assignment {args.assignment!r}; known: "
+            f"{', '.join(graded_chapters())}, or all",
+            file=sys.stderr,
+        )
+        return 2
+    if not assignments:
+        print(f"nothing graded yet in {db}", file=sys.stderr)
+        return 2
+    out = args.out or root / "reports"
+    html, table = report(db, assignments, out, stem, args.names, stem == "class")
+    print(f"wrote {html}\nwrote {table}")
+    return 0
+
+
 def _release(args) -> int:
     from autograder import release
     from autograder.grading.provenance import digest_files
@@ -400,7 +432,30 @@ def main(argv=None) -> int:
     )
     merge.add_argument("assignment")
     merge.add_argument("results", nargs="+", type=Path)
-    for command in (autograde, merge):
+    class_report = commands.add_parser(
+        "report",
+        help="the class report after an autograde: score distributions, the known "
+        "mistakes made and failures no known mistake matched, the notebooks to grade "
+        "again, the delegation refusals (one HTML page and a CSV)",
+    )
+    class_report.add_argument(
+        "assignment",
+        nargs="?",
+        help="chapter id, e.g. 03_self_attention; 'all' or none: every assignment "
+        "graded so far, with a heat map of students by exercises",
+    )
+    class_report.add_argument(
+        "--names",
+        action="store_true",
+        help="name the students (their ids); by default each is 'student N'",
+    )
+    class_report.add_argument(
+        "--out",
+        type=Path,
+        help="folder for the page and the CSV (default: the course root's reports/)",
+    )
+    class_report.set_defaults(run=_class_report)
+    for command in (autograde, merge, class_report):
         command.add_argument(
             "--course-dir",
             type=Path,

@@ -65,3 +65,22 @@ VERSION_FILE = REPO / "VERSION"
 def course_version() -> str:
     """The course's semantic version: the one place it is written is ``VERSION``."""
     return VERSION_FILE.read_text().strip()
+
+
+@cache
+def book_address() -> str:
+    """The published book's address, ending in ``/``: GitHub Pages' project address of
+    ``repository.url`` in ``_config.yml`` (the one place it is written; the book's own
+    ``html_baseurl``, ``book/_ext/course_book.py``, follows the same rule)."""
+    import yaml
+
+    url = yaml.safe_load((REPO / "_config.yml").read_text())["repository"]["url"]
+    org, repo = url.rstrip("/").removesuffix(".git").split("/")[-2:]
+    return f"https://{org.lower()}.github.io/{repo}/"
+
+
+def chapter_page(chapter: str, anchor: str = "") -> str:
+    """The address of a chapter's page in the published book, at ``anchor`` if given."""
+    return f"{book_address()}chapters/{chapter}/{chapter}.html" + (
+        f"#{anchor}" if anchor else ""
+    )

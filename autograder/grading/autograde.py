@@ -178,6 +178,7 @@ def enter_assignment(root: Path, assignment: str) -> int:
 def record(root: Path, assignment: str, results: list[dict], force: bool) -> int:
     """Run ``nbgrader autograde`` over the graded students only, taking their verdicts
     from ``results``; returns its exit status."""
+    _record_attempts_without_grade(root, assignment, results)
     graded = {r["student"] for r in results if r["graded"]}
     if not graded:
         return 0
@@ -199,7 +200,33 @@ def record(root: Path, assignment: str, results: list[dict], force: bool) -> int
             args.append(f"--SandboxedExecute.seed={seeds.pop()}")
         from autograder.grading.nbgrader_bridge import VERDICTS
 
-        return _nbgrader(root, *args, env={VERDICTS: str(verdicts)})
+        status = _nbgrader(root, *args, env={VERDICTS: str(verdicts)})
+    _record_attempts_without_grade(root, assignment, results, after_nbgrader=True)
+    return status
+
+
+def _record_attempts_without_grade(
+    root: Path, assignment: str, results: list[dict], after_nbgrader: bool = False
+) -> None:
+    """For the class report: the submissions not graded (a grader fault), and after
+    nbgrader ran, those it could not process (``not_autograded``)."""
+    from autograder.grading import verdict_record as vr
+
+    path = root / "gradebook.db"
+    if not after_nbgrader:
+        for r in results:
+            if not r["graded"]:
+                vr.record_attempt(
+                    path, assignment, r["student"], vr.NOT_GRADED, r["message"]
+                )
+        return
+    for student in not_autograded(root, assignment, results):
+        why = "nbgrader could not process this submission (no autograded copy)"
+        message = next(r["message"] for r in results if r["student"] == student)
+        vr.record_attempt(
+            path, assignment, student, vr.NOT_AUTOGRADED,
+            "; ".join(filter(None, (why, message))),
+        )  # fmt: skip
 
 
 def not_autograded(root: Path, assignment: str, results: list[dict]) -> list[str]:

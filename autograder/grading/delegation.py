@@ -839,12 +839,34 @@ def refusal(
     """Why a test that forbids ``forbidden`` earns nothing, read from the code; or None.
     A name nothing defines counts only against a ``passed`` test: in a failed one it is
     a plain bug (a NameError), and the failure's own message says more."""
+    found = refused(sources, exercise, forbidden, given, passed)
+    return found[0] if found else None
+
+
+def refused(
+    sources: list[str],
+    exercise: str,
+    forbidden: tuple[str, ...],
+    given: list[str] = (),
+    passed: bool = True,
+) -> tuple[str, str] | None:
+    """:func:`refusal`'s message and the route it refused (:func:`route`), or None."""
     if not forbidden:
         return None
     tampering = static_tampering(sources, exercise, given)
     if not passed:
         tampering = [t for t in tampering if UNDEFINED not in t]
     if tampering:
-        return tamper_message(exercise, tampering)
+        return (
+            tamper_message(exercise, tampering),
+            route(tampering, "the watch worked around in its code"),
+        )
     found = static_uses(sources, exercise, forbidden)
-    return message(exercise, found, "found in its code") if found else None
+    where = "found in its code"
+    return (message(exercise, found, where), route(found, where)) if found else None
+
+
+def route(what: list[str], where: str) -> str:
+    """The route a refusal refused, for the instructor's class report: the forbidden
+    features (``FEATURES``' keys) or the ways around the watch, and where they were seen."""
+    return f"{', '.join(what[:3])}{', ...' if len(what) > 3 else ''} ({where})"

@@ -18,10 +18,10 @@ import torch
 from autograder.grading import delegation, outcomes, probe
 from autograder.grading.prepare import PreparedTest
 from autograder.grading.probe import Outcome
-from autograder.grading.spec import ChapterTests, HiddenTest
+from autograder.grading.spec import ChapterTests, HiddenTest, Mistake
 from autograder.grading.student_code import StudentCode
 from autograder.grading.tolerances import LEVELS, Tolerance
-from autograder.paths import load_course_utils
+from autograder.paths import chapter_page, load_course_utils
 
 course_utils = load_course_utils()  # the same comparison the visible checks use
 
@@ -35,6 +35,10 @@ class Verdict:
     points: float
     passed: bool
     message: str
+    # for the instructor's class report (``autograder/report``), never shown to students
+    # apart from the message: the known mistake's name, and the route a refusal refused
+    mistake: str | None = None
+    refused: str | None = None
 
     def __post_init__(self):
         # the message reaches the gradebook, the autograded notebook and the feedback
@@ -53,6 +57,8 @@ class Verdict:
             "max_score": float(self.points),
             "passed": self.passed,
             "message": self.message,
+            "mistake": self.mistake,
+            "refused": self.refused,
         }
 
 
@@ -150,33 +156,45 @@ def verdict(
             test.id, test.points, False, missing_reason if got is None else got
         )
     else:
-        seen = _seen_while_running(test, got)
+        seen, seen_route = _seen_while_running(test, got) or (None, None)
         found = (
-            Verdict(test.id, test.points, False, seen)
+            Verdict(test.id, test.points, False, seen, refused=seen_route)
             if seen
             else _compare_outputs(tests, prepared, got)
         )
     with delegation.READING_CODE:
-        read = delegation.refusal(
+        read = delegation.refused(
             code.cells, test.exercise, test.forbidden, code.given, found.passed
         )
     if read:
+        message, route = read
         return Verdict(
-            test.id, test.points, False, " ".join(filter(None, (read, seen)))
+            test.id,
+            test.points,
+            False,
+            " ".join(filter(None, (message, seen))),
+            refused="; ".join(filter(None, (route, found.refused))),
         )
     return found
 
 
-def _seen_while_running(test: HiddenTest, got: list[Outcome]) -> str | None:
-    """Why the run-time watch refuses the test (tampering, a forbidden feature); or None."""
+def _seen_while_running(test: HiddenTest, got: list[Outcome]) -> tuple[str, str] | None:
+    """Why the run-time watch refuses the test (tampering, a forbidden feature), and the
+    route refused (``delegation.route``); or None."""
     used = [name for g in got for name in g.get("used", [])]
     tampering = delegation.tampering_in(used) if test.forbidden else []
     if tampering:
-        return delegation.tamper_message(test.exercise, tampering)
+        return (
+            delegation.tamper_message(test.exercise, tampering),
+            delegation.route(tampering, "the watch worked around while it ran"),
+        )
     delegated = delegation.features_in(used, test.forbidden)
     if delegated:
         where = "seen while it ran on the hidden inputs"
-        return delegation.message(test.exercise, delegated, where)
+        return (
+            delegation.message(test.exercise, delegated, where),
+            delegation.route(delegated, where),
+        )
     return None
 
 
@@ -193,17 +211,24 @@ def _compare_outputs(
                 f" ({c.label})" if c.label else ""
             )
             message = f"`{test.exercise}` {where}: {problem}."
-            hint = _recognise_mistake(tests, prepared, got, tol)
+            mistake = _recognise_mistake(tests, prepared, got, tol)
+            hint = f" Likely mistake: {mistake.hint}" if mistake else ""
+            if mistake and mistake.section:
+                hint += f" Read again: {chapter_page(*mistake.section.split('#'))}"
             return Verdict(
-                test.id, test.points, False, message + (f" {hint}" if hint else "")
+                test.id,
+                test.points,
+                False,
+                message + hint,
+                mistake=mistake.name if mistake else None,
             )
     return Verdict(test.id, test.points, True, f"passed: {test.description}")
 
 
 def _recognise_mistake(
     tests: ChapterTests, prepared: PreparedTest, got: list[Outcome], tol: Tolerance
-) -> str | None:
-    """Name a known mistake whose outputs equal the student's wherever it differs from the reference."""
+) -> Mistake | None:
+    """The known mistake whose outputs equal the student's wherever it differs from the reference."""
     test, expected = prepared.test, prepared.expected
     # the reference's namespace, for the notebook functions a plan passes as arguments
     reference = vars(tests.reference())
@@ -217,5 +242,5 @@ def _recognise_mistake(
             if "error" not in w and not _matches(expected[i], w, test, tol)
         ]
         if telling and all(_matches(wrong[i], got[i], test, tol) for i in telling):
-            return f"Likely mistake: {mistake.hint}"
+            return mistake
     return None

@@ -15,7 +15,8 @@ the gradebook entry this run created for it is removed again).
 
 Each graded submission's provenance (the course version and the assignment's digest,
 ``provenance.py``) goes into the gradebook's table ``autograder_provenance`` and into a
-note at the top of the autograded notebook, so the feedback page shows it.
+note at the top of the autograded notebook, so the feedback page shows it; its verdicts
+go into the table ``autograder_verdicts`` (``verdict_record.py``) for the class report.
 
 ``python -m autograder autograde`` (``autograde.py``) grades a whole class in parallel
 first and then runs ``nbgrader autograde`` with the results in a file named by the
@@ -133,10 +134,12 @@ class SandboxedExecute(NbGraderPreprocessor):
             result = self._grade_here(nb, resources["nbgrader"], assignment)
         if not result["graded"]:
             self._forget(resources["nbgrader"], assignment)
+            _record_verdicts(resources["nbgrader"], assignment, result)
             raise RuntimeError(f"[autograder] {result['message']}")
         if result["message"]:
             self.log.warning("%s", result["message"])
         self._record_provenance(nb, resources["nbgrader"], assignment, result)
+        _record_verdicts(resources["nbgrader"], assignment, result)
         verdicts = {t["id"]: t for t in result["tests"]}
         for cell in nb.cells:
             grade_id = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
@@ -251,6 +254,23 @@ class RestoreHiddenTests(NbGraderPreprocessor):
         if cell.source == released.source:
             cell.source = source.source
         return cell, resources
+
+
+def _record_verdicts(info: dict, assignment: str, result: dict) -> None:
+    """Every verdict of the grade, or why there is none, for the class report
+    (``verdict_record.py``)."""
+    from autograder.grading import provenance, verdict_record
+
+    student, db_url = info.get("student"), info.get("db_url")
+    path = provenance.db_path(db_url) if db_url else None
+    if not (path and student):
+        return
+    if result["graded"]:
+        verdict_record.record_graded(path, assignment, student, result)
+    else:
+        verdict_record.record_attempt(
+            path, assignment, student, verdict_record.NOT_GRADED, result["message"]
+        )
 
 
 def run_hidden_test(

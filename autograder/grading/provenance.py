@@ -115,7 +115,8 @@ def describe(result: dict) -> str:
 # --- the gradebook's table ----------------------------------------------------------
 
 
-def _db_path(db_url: str) -> Path | None:
+def db_path(db_url: str) -> Path | None:
+    """The file of an ``sqlite:///`` gradebook address (None for any other database)."""
     prefix = "sqlite:///"
     return Path(db_url[len(prefix) :]) if db_url.startswith(prefix) else None
 
@@ -124,7 +125,7 @@ def record_in_gradebook(
     db_url: str, assignment: str, student: str, result: dict
 ) -> None:
     """Write (or replace) the student's row in the gradebook's provenance table."""
-    path = _db_path(db_url)
+    path = db_path(db_url)
     if path is None:
         return
     with sqlite3.connect(path) as db:
@@ -150,7 +151,7 @@ def recorded(db_url_or_path: str | Path, assignment: str) -> dict[str, dict]:
     """``{student: row}`` of the provenance table for one assignment (empty when none)."""
     path = Path(db_url_or_path)
     if isinstance(db_url_or_path, str) and db_url_or_path.startswith("sqlite:///"):
-        path = _db_path(db_url_or_path)
+        path = db_path(db_url_or_path)
     if not path.is_file():
         return {}
     with sqlite3.connect(path) as db:

@@ -136,6 +136,10 @@ class Mistake:
     name: str
     hint: str  # says what went wrong and what to check, in the student's terms
     impl: Callable
+    # the section of the book that teaches the point missed, as "CHAPTER#ANCHOR" (the
+    # chapter that teaches it, which a later chapter reusing the mistake may not be, and
+    # its heading's id in the built book): the feedback links to it
+    section: str = ""
 
 
 @dataclass

@@ -150,6 +150,7 @@ MISTAKES = [
         "unscaled",
         "your scores look unscaled: did you divide q k^T by sqrt(d_k), the width of one head?",
         wrong_attention(scale="none"),
+        section="04_multi_head#exercise-1-attention-for-all-heads-at-once",
     ),
     Mistake(
         "attention",
@@ -157,6 +158,7 @@ MISTAKES = [
         "your weights look normalised over the queries: take the softmax over the last "
         "dimension (the keys), so that each query's row sums to 1.",
         wrong_attention(softmax_dim=-2),
+        section="04_multi_head#exercise-1-attention-for-all-heads-at-once",
     ),
     Mistake(
         "attention",
@@ -164,6 +166,7 @@ MISTAKES = [
         "your mask looks inverted: True means the query MAY attend to that key; hide the "
         "positions where the mask is False.",
         wrong_attention(invert_mask=True),
+        section="04_multi_head#exercise-1-attention-for-all-heads-at-once",
     ),
     Mistake(
         "attention",
@@ -171,6 +174,7 @@ MISTAKES = [
         "a fully masked row comes out as NaN: filling with -inf makes its softmax 0/0; give "
         "rows that may attend to nothing zero weights.",
         wrong_attention(fill=float("-inf")),
+        section="04_multi_head#exercise-1-attention-for-all-heads-at-once",
     ),
     Mistake(
         "split_heads",
@@ -178,6 +182,7 @@ MISTAKES = [
         "your heads come out as (B, n, h, d_head): after cutting the features into h blocks, "
         "move the head dimension in front of the tokens (transpose(1, 2)).",
         _split_no_transpose,
+        section="04_multi_head#exercise-2-heads-are-a-reshape",
     ),
     Mistake(
         "split_heads",
@@ -186,6 +191,7 @@ MISTAKES = [
         "tokens, so one head gets pieces of several tokens. Reshape to (B, n, h, d_head) first, "
         "then transpose.",
         _split_straight_reshape,
+        section="04_multi_head#exercise-2-heads-are-a-reshape",
     ),
     Mistake(
         "split_heads",
@@ -194,6 +200,7 @@ MISTAKES = [
         "consecutive block of features i*d_head to (i+1)*d_head - 1 (reshape to "
         "(B, n, h, d_head), not (B, n, d_head, h)).",
         _split_strided,
+        section="04_multi_head#exercise-2-heads-are-a-reshape",
     ),
     Mistake(
         "split_heads",
@@ -201,6 +208,7 @@ MISTAKES = [
         "your heads come out as (B, h, d_head, n): the tokens must come before the features, "
         "(B, h, n, d_head); swap only the token and head dimensions.",
         _split_features_first,
+        section="04_multi_head#exercise-2-heads-are-a-reshape",
     ),
     Mistake(
         "merge_heads",
@@ -208,6 +216,7 @@ MISTAKES = [
         "you seem to reshape (B, h, n, d_head) straight to (B, n, d_model): that mixes tokens "
         "of different positions. Transpose to (B, n, h, d_head) first, then reshape.",
         _merge_no_transpose,
+        section="04_multi_head#exercise-2-heads-are-a-reshape",
     ),
     Mistake(
         "merge_heads",
@@ -216,6 +225,7 @@ MISTAKES = [
         "features, then head 1's, and so on (transpose(1, 2), not a permute that puts the "
         "heads last).",
         _merge_interleaved,
+        section="04_multi_head#exercise-2-heads-are-a-reshape",
     ),
     Mistake(
         "merge_heads",
@@ -223,6 +233,7 @@ MISTAKES = [
         "your merge adds the heads up: concatenate them instead, so the result has "
         "h * d_head features per token.",
         _merge_summed,
+        section="04_multi_head#exercise-2-heads-are-a-reshape",
     ),
     Mistake(
         "merge_heads",
@@ -230,6 +241,7 @@ MISTAKES = [
         "your result still has a head dimension: after the transpose, reshape (B, n, h, "
         "d_head) to (B, n, h * d_head).",
         _merge_not_flattened,
+        section="04_multi_head#exercise-2-heads-are-a-reshape",
     ),
     Mistake(
         MHA,
@@ -237,6 +249,7 @@ MISTAKES = [
         "your scores look divided by sqrt(d_model): each head's scores are divided by "
         "sqrt(d_head) = sqrt(d_model / h), the width of that head's queries.",
         _ScaledByDModel,
+        section="04_multi_head#exercise-3-multiheadattention",
     ),
     Mistake(
         MHA,
@@ -244,6 +257,7 @@ MISTAKES = [
         "your weights look normalised over the queries: take the softmax over the last "
         "dimension (the keys).",
         _SoftmaxOverQueries,
+        section="04_multi_head#exercise-3-multiheadattention",
     ),
     Mistake(
         MHA,
@@ -251,6 +265,7 @@ MISTAKES = [
         "your mask looks inverted, as in nn.MultiheadAttention's convention: in this course "
         "True means MAY attend; hide the positions where the mask is False.",
         _InvertedMask,
+        section="04_multi_head#exercise-3-multiheadattention",
     ),
     Mistake(
         MHA,
@@ -258,6 +273,7 @@ MISTAKES = [
         "your weights look averaged over the heads: return every head's weights, shape "
         "(B, h, n_q, n_k).",
         _WeightsAveraged,
+        section="04_multi_head#exercise-3-multiheadattention",
     ),
     Mistake(
         MHA,
@@ -265,12 +281,14 @@ MISTAKES = [
         "your output looks like the merged heads without W_o: apply the output projection "
         "after merging.",
         _NoOutputProjection,
+        section="04_multi_head#exercise-3-multiheadattention",
     ),
     Mistake(
         MHA,
         "queries and keys swapped",
         "queries and keys look swapped: queries are W_q(query), keys are W_k(key).",
         _QueryKeySwapped,
+        section="04_multi_head#exercise-3-multiheadattention",
     ),
     Mistake(
         MHA,
@@ -278,6 +296,7 @@ MISTAKES = [
         "your heads look merged without a transpose: (B, h, n, d_head) must become "
         "(B, n, h, d_head) before the reshape to (B, n, d_model).",
         _MergedWithoutTranspose,
+        section="04_multi_head#exercise-2-heads-are-a-reshape",
     ),
     Mistake(
         MHA,
@@ -285,6 +304,7 @@ MISTAKES = [
         "your heads look split by a reshape straight to (B, h, n, d_head): reshape to "
         "(B, n, h, d_head), then transpose.",
         _SplitWithoutTranspose,
+        section="04_multi_head#exercise-2-heads-are-a-reshape",
     ),
     Mistake(
         MHA,
@@ -292,6 +312,7 @@ MISTAKES = [
         "your projections seem to ignore their biases: call the nn.Linear layers "
         "(self.W_q(query), ...) rather than multiplying by their weights.",
         _BiasIgnored,
+        section="04_multi_head#exercise-3-multiheadattention",
     ),
     Mistake(
         MHA,
@@ -299,6 +320,7 @@ MISTAKES = [
         "a (B, n_q, n_k) mask seems to be matched with the heads, not the batch: insert a "
         "head dimension (mask.unsqueeze(1)) so every head of sequence b uses mask[b].",
         _MaskNotBroadcastOverHeads,
+        section="04_multi_head#exercise-3-multiheadattention",
     ),
     Mistake(
         MHA,
@@ -307,5 +329,6 @@ MISTAKES = [
         "out_proj.weight are already in nn.Linear's (out_features, in_features) layout; "
         "copy them as they are.",
         _TorchWeightsTransposed,
+        section="04_multi_head#exercise-3-multiheadattention",
     ),
 ]
