@@ -157,10 +157,12 @@ def _course_copy(tmp_path: Path) -> Path:
     ):
         (copy / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(REPO / name, copy / name)
-    # as at the release: nothing unreleased yet (the tests add their own entries)
+    # as at a release of the files as they are: nothing unreleased yet, and the record
+    # written for them (the tests add their own changes and entries)
     log = copy / "CHANGELOG.md"
     head, rest = log.read_text().split("## [Unreleased]\n", 1)
     log.write_text(head + "## [Unreleased]\n\n## [" + rest.split("\n## [", 1)[1])
+    release.record(copy)
     return copy
 
 
