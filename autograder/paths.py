@@ -67,16 +67,37 @@ def course_version() -> str:
     return VERSION_FILE.read_text().strip()
 
 
-@cache
+_GITHUB_REPOSITORY = re.compile(r"https://github\.com/([\w.-]+)/([\w.-]+?)(?:\.git)?/?")
+
+
+def github_repository(url: str) -> tuple[str, str]:
+    """``(org, repo)`` of a GitHub repository's address; ValueError for any other."""
+    match = _GITHUB_REPOSITORY.fullmatch(url)
+    if not match:
+        raise ValueError(
+            f"not a GitHub repository's address (https://github.com/<org>/<repo>): {url!r}"
+        )
+    return match.group(1), match.group(2)
+
+
+def pages_address(url: str) -> str:
+    """The address GitHub Pages publishes a repository's book at, ending in ``/``: the
+    one rule for the course's book (``book/_ext/course_book.py``), the student edition's
+    (``autograder/build/edition.py``) and the feedback's links."""
+    org, repo = github_repository(url)
+    return f"https://{org.lower()}.github.io/{repo}/"
+
+
 def book_address() -> str:
-    """The published book's address, ending in ``/``: GitHub Pages' project address of
-    ``repository.url`` in ``_config.yml`` (the one place it is written; the book's own
-    ``html_baseurl``, ``book/_ext/course_book.py``, follows the same rule)."""
+    """The address of the book students read: the course's (``repository.url`` in
+    ``_config.yml``), or the student edition's when ``edition.feedback_links_here`` is set
+    (a course taught for credit, whose own book is not published)."""
     import yaml
 
-    url = yaml.safe_load((REPO / "_config.yml").read_text())["repository"]["url"]
-    org, repo = url.rstrip("/").removesuffix(".git").split("/")[-2:]
-    return f"https://{org.lower()}.github.io/{repo}/"
+    config = yaml.safe_load((REPO / "_config.yml").read_text())
+    edition = config.get("edition") or {}
+    where = edition if edition.get("feedback_links_here") else config["repository"]
+    return pages_address(str(where["url"]))
 
 
 def chapter_page(chapter: str, anchor: str = "") -> str:

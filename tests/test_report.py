@@ -279,6 +279,26 @@ def test_the_feedbacks_links_lead_to_the_books_address():
     assert paths.book_address() == config.html_baseurl
 
 
+def test_the_feedbacks_links_lead_to_the_edition_when_students_read_it(
+    tmp_path, monkeypatch
+):
+    """A course taught for credit publishes only the student edition's book: with
+    ``edition.feedback_links_here`` the links lead there."""
+    config = yaml.safe_load((paths.REPO / "_config.yml").read_text())
+    (tmp_path / "_config.yml").write_text(yaml.safe_dump(config))
+    monkeypatch.setattr(paths, "REPO", tmp_path)
+    assert paths.book_address() == paths.pages_address(config["repository"]["url"])
+    config["edition"]["feedback_links_here"] = True
+    (tmp_path / "_config.yml").write_text(yaml.safe_dump(config))
+    edition_book = paths.pages_address(config["edition"]["url"])
+    assert (
+        paths.book_address()
+        == edition_book
+        != paths.pages_address(config["repository"]["url"])
+    )
+    assert paths.chapter_page(CHAPTER, "x").startswith(edition_book)
+
+
 def test_plain_nbgrader_records_why_a_submission_was_not_graded(tmp_path):
     """``nbgrader autograde`` records no grade for a submission a grader fault spoiled;
     the bridge records the attempt and its reason for the report's list to grade again."""

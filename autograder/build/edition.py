@@ -30,6 +30,7 @@ import yaml
 
 from autograder import paths
 from autograder.build.book import book_command, book_env
+from autograder.paths import pages_address
 
 CONFIG = paths.REPO / "_config.yml"
 EXTENSIONS = paths.REPO / "book" / "_ext"
@@ -70,14 +71,11 @@ def addresses() -> dict[str, str]:
     found = {}
     for key in ("repository", "edition"):
         url = str(config.get(key, {}).get("url", "")).rstrip("/")
-        if not re.fullmatch(r"https://github\.com/[\w.-]+/[\w.-]+", url):
-            raise EditionError(
-                f"{key}.url in _config.yml must be a GitHub repository's address "
-                f"(https://github.com/<org>/<repo>), got {url!r}"
-            )
-        org, repo = url.split("/")[-2:]
+        try:
+            found[f"{key}_book"] = pages_address(url)
+        except ValueError as exc:
+            raise EditionError(f"{key}.url in _config.yml: {exc}") from None
         found[key] = url
-        found[f"{key}_book"] = f"https://{org.lower()}.github.io/{repo}/"
         found[f"{key}_branch"] = config[key].get("branch", "main")
     return found
 

@@ -27,6 +27,7 @@ import html
 import os
 import re
 import shutil
+import sys
 from importlib import resources
 from pathlib import Path
 
@@ -34,6 +35,10 @@ from docutils import nodes
 from sphinx.application import Sphinx
 from sphinx.errors import ExtensionError
 from sphinx.util import logging
+
+# The course's own rules (the book's address) live in its package, beside the book.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from autograder.paths import github_repository, pages_address  # noqa: E402
 
 logger = logging.getLogger(__name__)
 
@@ -71,13 +76,11 @@ def _repository(app: Sphinx) -> tuple[str, str, str]:
 
 def _repository_of(config) -> tuple[str, str, str]:
     options = config.html_theme_options
-    url = options.get("repository_url", "").rstrip("/")
-    match = re.fullmatch(r"https://github\.com/([^/]+)/([^/]+?)(\.git)?", url)
-    if not match:
-        raise ExtensionError(
-            f"repository.url in _config.yml must be a GitHub repository, got {url!r}"
-        )
-    return match.group(1), match.group(2), options.get("repository_branch", "main")
+    try:
+        org, repo = github_repository(options.get("repository_url", ""))
+    except ValueError as exc:
+        raise ExtensionError(f"repository.url in _config.yml: {exc}") from None
+    return org, repo, options.get("repository_branch", "main")
 
 
 def launch_links(app: Sphinx, chapter: str) -> dict[str, str]:
@@ -245,8 +248,8 @@ def use_local_mathjax(app: Sphinx, config) -> None:
 
 def publish_under_project_path(app: Sphinx, config) -> None:
     """``config-inited``: the book's address, and a 404 page that leads home from any depth."""
-    org, repo, _ = _repository_of(config)
-    config.html_baseurl = f"https://{org.lower()}.github.io/{repo}/"
+    _, repo, _ = _repository_of(config)
+    config.html_baseurl = pages_address(config.html_theme_options["repository_url"])
     config.notfound_urls_prefix = f"/{repo}/"
     home = f"/{repo}/{config.root_doc}.html"
     config.notfound_context = {
