@@ -33,7 +33,8 @@ from nbgrader.preprocessors import (
 c = get_config()  # noqa: F821 (provided by nbgrader when it loads this file)
 
 course_root = Path(__file__).resolve().parent
-repo = course_root.parents[1]  # the course repository, when this is its autograder/course/
+# the course repository, when this is its autograder/course/
+repo = course_root.parents[1]
 
 c.CourseDirectory.root = str(course_root)
 c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE\nraise NotImplementedError()"}
