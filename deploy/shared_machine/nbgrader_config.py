@@ -1,0 +1,21 @@
+"""nbgrader's settings for everyone on one shared machine: install it as
+``/etc/jupyter/nbgrader_config.py`` with ``setup.sh`` (which writes the exchange folder
+it creates into the ``c.Exchange.root`` line). Students need nothing else; the
+instructor's own course root (``autograder/course/nbgrader_config.py`` in their clone of
+the course) adds the grader's settings on top.
+
+This file is read by every student's nbgrader, where the course repository is not
+readable: it must not import anything from it.
+"""
+
+c = get_config()  # noqa: F821 (provided by nbgrader when it loads this file)
+
+# The exchange: one folder every user can write into, with the sticky bit (mode 1777), so
+# that no student can delete or replace what another user put there (setup.sh makes it).
+c.Exchange.root = "/srv/nbgrader/exchange"
+# The course students fetch from and submit to when they give no --course.
+c.CourseDirectory.course_id = "attention-course"
+# Validate (the button students press, `nbgrader validate`) runs every cell and fails on
+# any error: the visible checks after each exercise raise on an untouched stub and on the
+# mistakes they catch.
+c.Validator.validate_all = True
