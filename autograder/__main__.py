@@ -134,12 +134,13 @@ def _autograde(args) -> int:
         ag.write_results(results, path)
         print(f"[autograder] results written to {path}", file=sys.stderr)
     graded = time.perf_counter()
-    status, previous = 0, None
+    status, previous, scores = 0, None, None
     if shard is None:
         previous = ag.previous_provenance(root, args.assignment)
         status = ag.record(root, args.assignment, results, args.force)
+        scores = ag.recorded_scores(root, args.assignment)
     recorded = time.perf_counter()
-    print(ag.summary(results, previous=previous))
+    print(ag.summary(results, previous=previous, recorded=scores))
     if shard is None:
         _report_not_autograded(root, args.assignment, results)
     print(
@@ -172,7 +173,8 @@ def _merge(args) -> int:
         return 1
     previous = ag.previous_provenance(root, args.assignment)
     status = ag.record(root, args.assignment, results, force=True)
-    print(ag.summary(results, previous=previous))
+    scores = ag.recorded_scores(root, args.assignment)
+    print(ag.summary(results, previous=previous, recorded=scores))
     _report_not_autograded(root, args.assignment, results)
     if status:
         return 1

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from autograder import paths
-from autograder.grading import judge
+from autograder.grading import feedback_page, judge
 from autograder.grading.prepare import prepare
 from autograder.grading.spec import load_chapter_tests
 from autograder.grading.student_code import StudentCode
@@ -190,6 +190,10 @@ HOSTILE_MARKDOWN = """
 <img src=x onerror="window.pwned = 'onerror'">
 <img src="http://evil.example/track.png">
 <a href="javascript:window.pwned = 'link'">a link</a>
+
+TeX asks for links and styles: $\\href{javascript:window.pwned='tex'}{a link}$,
+$\\mmlToken{mi}[href=javascript:window.pwned='token']{a}$,
+$\\style{background:url(http://evil.example/tex.png)}{b}$, $\\require{html}$
 """
 HOSTILE_OUTPUTS = [
     nbformat.v4.new_output(
@@ -257,7 +261,9 @@ def test_forged_results_leave_the_autograded_notebook_and_feedback_small(feedbac
     root, autograded_size = feedback
     page = root / "feedback" / "alice" / CHAPTER / f"{CHAPTER}.html"
     assert autograded_size < 150_000, autograded_size  # the release notebook: 66 KB
-    assert page.stat().st_size < 1_000_000, page.stat().st_size
+    # the page, less the MathJax it carries (feedback_page.py), stays small
+    size = page.stat().st_size - len(feedback_page.mathjax_script().encode())
+    assert size < 1_000_000, size
     bob = (root / "feedback" / "bob" / CHAPTER / f"{CHAPTER}.html").read_text()
     assert bob.count("HiddenTestFailed") == 0  # the other student lost nothing
 
@@ -271,11 +277,18 @@ def test_the_feedback_page_runs_no_student_script(feedback, tmp_path):
             site.url + f"{CHAPTER}.html",
             textwrap.dedent("""
                 await new Promise((done) => setTimeout(done, 1000));  // onerror, onload
-                for (const a of document.querySelectorAll("a")) {
-                  if (a.textContent === "a link") a.click();
+                await MathJax.startup.promise;  // the math typeset, links and all
+                for (const a of document.querySelectorAll("a, [href]")) {
+                  if (a.textContent === "a link" || a.closest("mjx-container")) {
+                    a.dispatchEvent(new MouseEvent("click", {bubbles: true}));
+                  }
                 }
+                const links = [...document.querySelectorAll("[href]")];
                 return {title: document.title, pwned: String(window.pwned),
-                        text: document.body.innerText};
+                        text: document.body.innerText,
+                        math: document.querySelectorAll("mjx-container").length,
+                        scripts: links.map((a) => a.getAttribute("href"))
+                          .filter((h) => /^\\s*javascript:/i.test(h))};
             """),
         )
     finally:
@@ -283,6 +296,7 @@ def test_the_feedback_page_runs_no_student_script(feedback, tmp_path):
         site.close()
     report = seen.value
     assert report["pwned"] == "undefined", report["pwned"]
+    assert report["math"] > 0 and report["scripts"] == [], report["scripts"]
     assert report["title"] != "pwned"
     assert not [u for u in seen.requested if "evil.example" in u], seen.requested
     # the course's content and the verdicts still show

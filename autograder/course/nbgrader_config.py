@@ -21,8 +21,12 @@ from nbgrader.preprocessors import (
     AssignLatePenalties,
     CheckCellMetadata,
     ClearHiddenTests,
+    ClearOutput,
+    DeduplicateIds,
     GetGrades,
     LimitOutput,
+    OverwriteCells,
+    OverwriteKernelspec,
     SaveAutoGrades,
 )
 
@@ -40,6 +44,7 @@ sys.path.insert(0, str(repo))
 try:
     from autograder.grading.nbgrader_bridge import (
         COURSE_ID,
+        RestoreHiddenTests,
         SandboxedExecute,
         prove_sandbox,
     )
@@ -59,12 +64,26 @@ except Exception as exc:  # noqa: BLE001
 
 c.CourseDirectory.course_id = COURSE_ID
 
+# Late work (submitted after the due date set with `nbgrader db assignment add ...
+# --duedate=...`): "zero" records 0 points for it; "none" keeps its score.
+c.LateSubmissionPlugin.penalty_method = "zero"
+
 # Before the first submission enters the gradebook: prove the jail, or stop (exit 3).
 c.Autograde.pre_convert_hook = functools.partial(
     prove_sandbox,
     db_url=f"sqlite:///{course_root / 'gradebook.db'}",
     course_id=COURSE_ID,
 )
+# nbgrader's own steps, with the released hidden-test cells given their hidden tests back
+# first, so that only a cell the student really edited is logged as changed.
+c.Autograde.sanitize_preprocessors = [
+    ClearOutput,
+    DeduplicateIds,
+    OverwriteKernelspec,
+    RestoreHiddenTests,
+    OverwriteCells,
+    CheckCellMetadata,
+]
 c.Autograde.autograde_preprocessors = [
     SandboxedExecute,
     LimitOutput,

@@ -202,15 +202,60 @@ def previous_provenance(root: Path, assignment: str) -> dict[str, dict]:
     return recorded(root / "gradebook.db", assignment)
 
 
+def recorded_scores(root: Path, assignment: str) -> dict[str, dict]:
+    """Each student's score as the gradebook records it after ``nbgrader autograde``:
+    ``score`` (after nbgrader's late penalty, as ``nbgrader export`` has it),
+    ``penalty`` and ``late`` (submitted after the due date)."""
+    from nbgrader.api import Gradebook, MissingEntry
+
+    from autograder.grading.nbgrader_bridge import COURSE_ID
+
+    scores = {}
+    with Gradebook(f"sqlite:///{root / 'gradebook.db'}", COURSE_ID) as gb:
+        try:
+            submissions = gb.find_assignment(assignment).submissions
+        except MissingEntry:
+            return scores
+        for sub in submissions:
+            penalty = sub.late_submission_penalty or 0.0
+            scores[sub.student_id] = {
+                "score": max(sub.score - penalty, 0.0),
+                "penalty": penalty,
+                "late": sub.total_seconds_late > 0,
+            }
+    return scores
+
+
+def _as_recorded(results: list[dict], recorded: dict[str, dict] | None) -> list[dict]:
+    """``results`` with each graded score replaced by the gradebook's (late penalty
+    taken), where the gradebook has one."""
+    if recorded is None:
+        return results
+    out = []
+    for r in results:
+        entry = recorded.get(r["student"]) if r["graded"] else None
+        if entry is not None:
+            r = {**r, "graded_score": r["score"], "score": entry["score"]}
+            r.update(late=entry["late"], penalty=entry["penalty"])
+        out.append(r)
+    return out
+
+
 def summary(
-    results: list[dict], slowest: int = 5, previous: dict[str, dict] | None = None
+    results: list[dict],
+    slowest: int = 5,
+    previous: dict[str, dict] | None = None,
+    recorded: dict[str, dict] | None = None,
 ) -> str:
     """A short table for the instructor: what graded them (course version and digest),
-    how many were graded, full marks, zero, with problems while running, not graded, the
-    slowest submissions, and the students re-graded under another digest than the one
-    their recorded grade had (``previous``: ``previous_provenance``)."""
+    how many were graded, full marks, zero, late, with problems while running, not
+    graded, the slowest submissions, the late ones, and the students re-graded under
+    another digest than the one their recorded grade had (``previous``:
+    ``previous_provenance``). Scores are the gradebook's (``recorded``:
+    :func:`recorded_scores`, after the late penalty) where it has them."""
     from autograder.grading.provenance import regraded, short
 
+    results = _as_recorded(results, recorded)
     graded = [r for r in results if r["graded"]]
     stamps = sorted(
         {(r.get("course_version"), r.get("digest")) for r in graded},
@@ -221,6 +266,7 @@ def summary(
         ("graded", len(graded)),
         ("full marks", sum(r["score"] == r["max_score"] for r in graded)),
         ("zero", sum(r["score"] == 0 for r in graded)),
+        ("late (penalty applied)", sum(bool(r.get("late")) for r in graded)),
         ("problems while running", sum("problem(s) while running" in r["message"] for r in graded)),
         ("not graded (grader fault: grade again)", len(results) - len(graded)),
     ]  # fmt: skip
@@ -243,8 +289,15 @@ def summary(
         lines.append("slowest:")
         lines += [
             f"  {r['student']:<20} {r.get('seconds', 0):7.1f} s  {r['score']:g}/{r['max_score']:g}"
+            + (" late" if r.get("late") else "")
             for r in ranked
         ]
+    for r in graded:
+        if r.get("late"):
+            lines.append(
+                f"LATE {r['student']}: {r['score']:g}/{r['max_score']:g} recorded "
+                f"({r['graded_score']:g} graded, late penalty {r['penalty']:g})"
+            )
     for r in results:
         if not r["graded"]:
             lines.append(f"NOT GRADED {r['student']}: {r['message']}")

@@ -42,7 +42,7 @@ from pathlib import Path
 
 import nbformat
 from nbgrader.api import Gradebook, MissingEntry
-from nbgrader.preprocessors import NbGraderPreprocessor
+from nbgrader.preprocessors import ClearHiddenTests, NbGraderPreprocessor
 from traitlets import Integer
 
 from autograder.grading.student_code import is_test_cell
@@ -212,6 +212,42 @@ class SandboxedExecute(NbGraderPreprocessor):
         if (assignment, student) in _NEW_SUBMISSIONS and info.get("db_url"):
             with Gradebook(info["db_url"], COURSE_ID) as gb:
                 gb.remove_submission(assignment, student)
+
+
+class RestoreHiddenTests(NbGraderPreprocessor):
+    """Put back the hidden tests that ``generate_assignment`` cleared from a test cell, in
+    a submission whose cell is exactly as released, before nbgrader's ``OverwriteCells``
+    compares it with the source (nbgrader issue #1961).
+
+    The gradebook keeps each locked cell's checksum as the *source* has it, hidden tests
+    included, while the student's copy holds only the released comments; so, without
+    this, ``OverwriteCells`` logs "Attribute 'checksum' for cell ... has changed!" for
+    every hidden-test cell of every untouched submission, which reads like a real edit.
+    A cell the student did edit still differs from the released text: it is left as it
+    is, and ``OverwriteCells`` logs the change and restores it, as before."""
+
+    def preprocess(self, nb, resources):
+        info = resources["nbgrader"]
+        self._notebook, self._assignment = info["notebook"], info["assignment"]
+        self._clear = ClearHiddenTests(parent=self)  # the release's own delimiters
+        with Gradebook(info["db_url"]) as self._gradebook:
+            return super().preprocess(nb, resources)
+
+    def preprocess_cell(self, cell, resources, cell_index):
+        grade_id = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")
+        if grade_id is None or not is_test_cell(cell):
+            return cell, resources
+        try:
+            source = self._gradebook.find_source_cell(
+                grade_id, self._notebook, self._assignment
+            )
+        except MissingEntry:
+            return cell, resources  # OverwriteCells reports it
+        released = nbformat.v4.new_code_cell(source.source)
+        self._clear.preprocess_cell(released, resources, cell_index)
+        if cell.source == released.source:
+            cell.source = source.source
+        return cell, resources
 
 
 def run_hidden_test(

@@ -9,6 +9,8 @@ sanitiser nbconvert uses) with an allowlist that keeps what markdown makes (head
 lists, tables, code, math as text for MathJax, images as data URIs) and drops scripts,
 event handlers, styles, frames and anything that loads from elsewhere. Raw cells, which
 nbconvert would copy into the page as they are, are left out.
+
+The page also wraps its outputs and typesets math offline (``feedback_page.py``).
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ import bleach
 from jinja2 import pass_context
 from nbconvert.exporters import HTMLExporter
 from traitlets import default
+
+from autograder.grading.feedback_page import with_course_head
 
 TAGS = frozenset(
     {"p", "br", "hr", "div", "span", "blockquote", "pre", "code", "kbd", "samp"}
@@ -73,3 +77,8 @@ class FeedbackExporter(HTMLExporter):
     @pass_context
     def markdown2html(self, context, source):
         return safe_html(super().markdown2html(context, source))
+
+    def from_notebook_node(self, nb, resources=None, **kw):
+        html, resources = super().from_notebook_node(nb, resources, **kw)
+        cdn_mathjax = self.environment.get_template("mathjax.html.j2").module.mathjax()
+        return with_course_head(html, str(cdn_mathjax)), resources
