@@ -61,6 +61,7 @@ class Term:
     base: Path
     instructor: str = ""
     students: dict[str, str] = field(default_factory=dict)  # role -> login
+    nobody: str = "ac-nobody"  # a student id with no submission and no account
     runs: dict[str, subprocess.CompletedProcess] = field(default_factory=dict)
     gradebooks: dict[str, dict] = field(default_factory=dict)  # after each autograde
     modes: dict[str, int] = field(default_factory=dict)
@@ -135,6 +136,7 @@ def _run_term(t: Term) -> Term:
     # 1. The accounts, and the instructor's clone of the course (this working tree)
     t.instructor = users.add("instr")
     t.students = {role: users.add(role) for role in ("alice", "bob", "carol")}
+    t.nobody = f"ac-nobody-{users.suffix}"
     copy_working_tree(paths.REPO, t.clone, t.instructor)
     # 2. The machine's set-up, as root (twice: it may be run again)
     setup = ["sh", str(DEPLOY / "setup.sh"), "--exchange", str(t.exchange),
@@ -198,8 +200,9 @@ def _run_term(t: Term) -> Term:
     for login in t.students.values():
         users.nbgrader(login, "fetch_feedback", CHAPTER, "--course", COURSE)
     users.nbgrader(instructor, "export", cwd=root)
-    # 6. A submits in B's name; the instructor's next collect says so
-    users.nbgrader(alice, "submit", CHAPTER, "--course", COURSE, "--student", bob)
+    # 6. A submits in B's name, and in the name of a student who has not submitted
+    for other in (bob, t.nobody):
+        users.nbgrader(alice, "submit", CHAPTER, "--course", COURSE, "--student", other)
     runs["collect again"] = users.nbgrader(instructor, "collect", CHAPTER, cwd=root)
     return t
 
@@ -216,6 +219,10 @@ def test_setup_makes_a_sticky_exchange_and_private_homes(term):
         assert stat.S_IMODE(term.modes[name]) == 0o700, (name, oct(term.modes[name]))
     config = (term.users.config_dir / "nbgrader_config.py").read_text()
     assert f'c.Exchange.root = "{term.exchange}"' in config
+    # Validate's settings: a copy of the course's own, which the config loads
+    installed = term.users.config_dir / "attention_course_validate.py"
+    course = paths.REPO / "autograder" / "grading" / "validate_settings.py"
+    assert installed.read_bytes() == course.read_bytes()
 
 
 def test_students_list_fetch_and_validate(term):
@@ -276,18 +283,25 @@ def test_collect_warns_of_a_submission_in_another_students_name(term):
     alice, bob = term.students["alice"], term.students["bob"]
     assert "cheating attempt" not in term.runs["collect"].stderr
     log = term.runs["collect again"].stderr
-    assert re.search(
-        rf"claims to be submitted by {bob} but is owned by {alice}; cheating attempt",
-        log,
-    ), log[-3000:]
-    # the exchange keeps both, each owned by who really submitted it
-    owners = sorted(p.owner() for p in (term.exchange / COURSE / "inbound").iterdir())
-    assert owners == sorted([alice, alice, bob, term.students["carol"]])
-    # without --update, collect left B's own submission as it was
-    submitted = term.course_root / "submitted" / bob / CHAPTER / f"{CHAPTER}.ipynb"
-    assert nbformat.read(submitted, as_version=4) == nbformat.read(
-        term.work("bob") / f"{CHAPTER}.ipynb", as_version=4
-    )
+    for other in (bob, term.nobody):
+        assert re.search(
+            rf"claims to be submitted by {other} but is owned by {alice}; cheating",
+            log,
+        ), log[-3000:]
+    # the exchange keeps each, owned by who really submitted it
+    inbound = term.exchange / COURSE / "inbound"
+    owners = {p.name.split("+")[0] + " by " + p.owner() for p in inbound.iterdir()}
+    assert owners == {f"{s} by {s}" for s in term.students.values()} | {
+        f"{bob} by {alice}",
+        f"{term.nobody} by {alice}",
+    }
+    # without --update, collect left B's own submission as it was; the other name, which
+    # had none, now has A's
+    submitted = term.course_root / "submitted"
+    assert nbformat.read(
+        submitted / bob / CHAPTER / f"{CHAPTER}.ipynb", as_version=4
+    ) == nbformat.read(term.work("bob") / f"{CHAPTER}.ipynb", as_version=4)
+    assert (submitted / term.nobody / CHAPTER / f"{CHAPTER}.ipynb").is_file()
 
 
 PROBE = r"""

@@ -15,7 +15,8 @@ c = get_config()  # noqa: F821 (provided by nbgrader when it loads this file)
 c.Exchange.root = "/srv/nbgrader/exchange"
 # The course students fetch from and submit to when they give no --course.
 c.CourseDirectory.course_id = "attention-course"
-# Validate (the button students press, `nbgrader validate`) runs every cell and fails on
-# any error: the visible checks after each exercise raise on an untouched stub and on the
-# mistakes they catch.
-c.Validator.validate_all = True
+# Validate (the button students press, `nbgrader validate`): the course's settings, from
+# the copy of autograder/grading/validate_settings.py that setup.sh puts beside this file.
+# It runs every cell and fails on an error: the visible checks after each exercise raise
+# on an untouched stub and on the mistakes they catch.
+load_subconfig("attention_course_validate.py")  # noqa: F821 (provided by nbgrader)

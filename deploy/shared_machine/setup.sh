@@ -9,7 +9,8 @@
 # --instructor USER   the instructor's login; their home folder is made private
 # --course-clone DIR  the instructor's clone of the course (default: ~USER/attention-course)
 # --exchange DIR      nbgrader's exchange folder (default: /srv/nbgrader/exchange)
-# --config-dir DIR    where nbgrader_config.py goes (default: /etc/jupyter)
+# --config-dir DIR    where nbgrader_config.py goes, with attention_course_validate.py
+#                     (default: /etc/jupyter)
 # STUDENT...          the students' logins (their nbgrader student ids): homes made private
 set -eu
 
@@ -59,8 +60,12 @@ parent=$(dirname "$exchange")
 [ -d "$parent" ] || install -d -m 0755 -o root -g root "$parent"
 install -d -m 1777 -o root -g root "$exchange"
 
-# 2. The system-wide nbgrader config, pointing at that exchange.
+# 2. The system-wide nbgrader config, pointing at that exchange, and beside it a copy of
+#    the course's Validate settings, which it loads (students cannot read the clone).
+validate=$here/../../autograder/grading/validate_settings.py
+[ -f "$validate" ] || die "no $validate: run me from the deploy/ folder of a course clone"
 [ -d "$config_dir" ] || install -d -m 0755 "$config_dir"
+install -m 0644 -o root -g root "$validate" "$config_dir/attention_course_validate.py"
 tmp=$(mktemp)
 trap 'rm -f "$tmp"' EXIT
 sed "s#^c\.Exchange\.root = .*#c.Exchange.root = \"$exchange\"#" \
