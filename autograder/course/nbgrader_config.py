@@ -49,6 +49,7 @@ try:
         prove_sandbox,
     )
     from autograder.grading.safe_feedback import FeedbackExporter
+    from autograder.grading.validate_settings import configure_validate
 except Exception as exc:  # noqa: BLE001
     # nbgrader logs a config file's errors and goes on with its defaults, which would run
     # every submission unjailed beside the course files and record what it scores.
@@ -91,6 +92,9 @@ c.Autograde.autograde_preprocessors = [
     AssignLatePenalties,
     CheckCellMetadata,
 ]
+# A student's Validate (nbgrader validate) runs every cell: the visible checks decide.
+configure_validate(c)
+
 # Feedback shows each test's message, not the hidden test code, and runs nothing the
 # student wrote: markdown, raw cells and outputs are sanitised (safe_feedback.py).
 c.GenerateFeedback.exporter_class = FeedbackExporter

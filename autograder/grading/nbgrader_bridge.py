@@ -31,6 +31,7 @@ baseline of plain nbgrader.
 from __future__ import annotations
 
 import atexit
+import copy
 import functools
 import json
 import os
@@ -243,7 +244,8 @@ class RestoreHiddenTests(NbGraderPreprocessor):
             )
         except MissingEntry:
             return cell, resources  # OverwriteCells reports it
-        released = nbformat.v4.new_code_cell(source.source)
+        released = copy.deepcopy(cell)  # the source's cell as generate_assignment wrote it
+        released.source = source.source
         self._clear.preprocess_cell(released, resources, cell_index)
         if cell.source == released.source:
             cell.source = source.source
