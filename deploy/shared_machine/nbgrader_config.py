@@ -8,6 +8,9 @@ This file is read by every student's nbgrader, where the course repository is no
 readable: it must not import anything from it.
 """
 
+import sys
+from pathlib import Path
+
 c = get_config()  # noqa: F821 (provided by nbgrader when it loads this file)
 
 # The exchange: one folder every user can write into, with the sticky bit (mode 1777), so
@@ -19,4 +22,11 @@ c.CourseDirectory.course_id = "attention-course"
 # the copy of autograder/grading/validate_settings.py that setup.sh puts beside this file.
 # It runs every cell and fails on an error: the visible checks after each exercise raise
 # on an untouched stub and on the mistakes they catch.
-load_subconfig("attention_course_validate.py")  # noqa: F821 (provided by nbgrader)
+VALIDATE = Path(__file__).with_name("attention_course_validate.py")
+if not VALIDATE.is_file():  # nbgrader would go on silently with its weaker defaults
+    print(
+        f"[attention-course] {VALIDATE} is missing: Validate checks less than it should."
+        " Ask your instructor to run deploy/shared_machine/setup.sh again.",
+        file=sys.stderr,
+    )
+load_subconfig(VALIDATE.name)  # noqa: F821 (provided by nbgrader)
