@@ -55,7 +55,7 @@ home_of() {
 # 1. The exchange: writable by all, with the sticky bit, so a student can add their own
 #    submission but never delete, rename or replace a folder another user made (without
 #    it, any student could replace the course's folder). nbgrader itself would create it
-#    0777, without the sticky bit, and leaves the mode of an existing one alone.
+#    0777, without the sticky bit; it keeps an existing one's (it checks the rwx bits only).
 parent=$(dirname "$exchange")
 [ -d "$parent" ] || install -d -m 0755 -o root -g root "$parent"
 install -d -m 1777 -o root -g root "$exchange"
