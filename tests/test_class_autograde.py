@@ -18,12 +18,12 @@ from autograder import paths
 from autograder.grading.autograde import in_shard
 from autograder.grading.nbgrader_bridge import COURSE_ID
 from autograder.grading.provenance import TABLE, assignment_digest, recorded
+from tests.browser import Browser, Site
 from tests.notebooks import release_notebook, student_notebook, write
 
 pytestmark = pytest.mark.slow
 CHAPTER = "03_self_attention"
 DUE = datetime.datetime(2026, 1, 15, 12, 0, 0)
-LATE_PENALTY = 'c.LateSubmissionPlugin.penalty_method = "zero"\n'
 
 
 def _edited_locked_cell(nb):
@@ -54,8 +54,7 @@ TIMESTAMPS = {s: "2026-01-14 10:00:00.000000 UTC" for s in SUBMISSIONS} | {
 
 def _course(root):
     root.mkdir(parents=True)
-    config = (paths.COURSE_ROOT / "nbgrader_config.py").read_text()
-    (root / "nbgrader_config.py").write_text(config + LATE_PENALTY)
+    shutil.copy(paths.COURSE_ROOT / "nbgrader_config.py", root)  # late work: zero
     shutil.copytree(paths.COURSE_ROOT / "source", root / "source")
     for student, make in SUBMISSIONS.items():
         folder = root / "submitted" / student / CHAPTER
@@ -114,8 +113,8 @@ def courses(tmp_path_factory):
     serial, parallel, sharded = (_course(base / n) for n in ("serial", "par", "shard"))
     _run(serial, "-m", "nbgrader", "generate_assignment", CHAPTER, "--force")
     # gus's file is no notebook: nbgrader says so and exits 1 after grading the rest
-    _run(serial, "-m", "nbgrader", "autograde", CHAPTER, "--SandboxedExecute.seed=7",
-         status=1)  # fmt: skip
+    serial_run = _run(serial, "-m", "nbgrader", "autograde", CHAPTER,
+                      "--SandboxedExecute.seed=7", status=1)  # fmt: skip
     # the README's shortcut: no generate_assignment, the assignment is entered itself
     run = _run(
         paths.REPO, "-m", "autograder", "autograde", CHAPTER, "--jobs", "2",
@@ -133,11 +132,11 @@ def courses(tmp_path_factory):
         paths.REPO, "-m", "autograder", "merge", CHAPTER, *shard_files,
         "--course-dir", str(sharded), status=1,
     )  # fmt: skip
-    return serial, parallel, sharded, run, merged
+    return serial, parallel, sharded, run, merged, serial_run
 
 
 def test_parallel_autograde_records_what_serial_nbgrader_records(courses):
-    serial, parallel, _, run, _ = courses
+    serial, parallel, _, run, _, _ = courses
     expected = _gradebook(serial)
     assert _gradebook(parallel) == expected
     scores = {s: r[0] for s, r in expected.items()}
@@ -165,7 +164,7 @@ def test_parallel_autograde_records_what_serial_nbgrader_records(courses):
 
 
 def test_shards_merge_into_the_same_gradebook(courses):
-    serial, _, sharded, _, merged = courses
+    serial, _, sharded, _, merged, _ = courses
     assert _gradebook(sharded) == _gradebook(serial)
     assert "graded" in merged.stdout
 
@@ -173,7 +172,7 @@ def test_shards_merge_into_the_same_gradebook(courses):
 def test_every_grade_records_the_version_and_digest_that_graded_it(courses):
     """The gradebook's provenance table, the shards' results, the summary and the
     feedback page all name the course version and the digest that graded each grade."""
-    serial, parallel, sharded, run, merged = courses
+    serial, parallel, sharded, run, merged, _ = courses
     digest, version = assignment_digest(CHAPTER), paths.course_version()
     for root in (serial, parallel, sharded):
         rows = recorded(root / "gradebook.db", CHAPTER)
@@ -203,7 +202,7 @@ def test_every_grade_records_the_version_and_digest_that_graded_it(courses):
 def test_regrading_under_another_digest_says_so(courses, tmp_path):
     """A student whose recorded grade came from other tests (here: the provenance table
     says so) is re-graded: the summary names them, and nbgrader's log warns."""
-    _, parallel, _, _, _ = courses
+    _, parallel, _, _, _, _ = courses
     root = tmp_path / "course"
     shutil.copytree(parallel, root)
     with sqlite3.connect(root / "gradebook.db") as db:
@@ -223,6 +222,92 @@ def test_regrading_under_another_digest_says_so(courses, tmp_path):
     assert recorded(root / "gradebook.db", CHAPTER)["alice"]["digest"] == (
         assignment_digest(CHAPTER)
     )
+
+
+def test_the_summary_prints_scores_as_the_gradebook_records_them(courses):
+    """erin handed in a right notebook a day late: the course config's late penalty
+    ("zero") takes her 10 points, and the summary says 0, as the gradebook does."""
+    serial, _, _, run, merged, _ = courses
+    assert _gradebook(serial)["erin"][:2] == (10, 10)  # graded 10, penalty 10
+    for out in (run.stdout, merged.stdout):
+        assert "LATE erin: 0/10 recorded (10 graded, late penalty 10)" in out, out
+        assert re.search(r"late \(after the due date\) +1\n", out), out
+        assert re.search(r"full marks +2\n", out), out  # alice, frank; not erin
+        assert re.search(r"zero +3\n", out), out  # bob (untouched), erin (late), gus
+        assert not re.search(r"erin .* 10/10", out), out
+
+
+CHECKSUM_CHANGED = re.compile(r"Attribute 'checksum' for cell (\S+) has changed")
+
+
+def test_only_an_edited_locked_cell_is_logged_as_changed(courses):
+    """nbgrader #1961: the released hidden-test cells hold only comments, so nbgrader
+    used to log "Attribute 'checksum' ... has changed!" for each of them in every
+    submission. Now only frank's edited cell is logged, by serial nbgrader and by the
+    parallel command alike."""
+    *_, run, _, serial_run = courses
+    for log in (serial_run.stderr, run.stderr):
+        assert CHECKSUM_CHANGED.findall(log) == ["course_utils"], log[-3000:]
+
+
+# Measures the verdict that names carol's mistake at 1280 px: the <pre> holding it and
+# its output box must not scroll sideways, and its right edge must lie in the window;
+# the score in the page's heading too. Then the same without the course's CSS (the test
+# of the test: nbgrader's own page fails it). And the math: typeset, none left raw.
+FEEDBACK_PAGE = """
+await MathJax.startup.promise;
+const measure = () => {
+  const pre = [...document.querySelectorAll("div.output_area pre")]
+    .find((p) => p.innerText.includes("Likely mistake"));
+  const box = pre.parentElement;
+  const score = document.querySelector(".panel-heading h4");
+  return {
+    text: pre.innerText, score: score.innerText,
+    fits: pre.scrollWidth <= pre.clientWidth && box.scrollWidth <= box.clientWidth,
+    inside: pre.getBoundingClientRect().right <= window.innerWidth &&
+      score.getBoundingClientRect().right <= window.innerWidth,
+  };
+};
+const course = measure();
+document.getElementById("course-feedback-style").remove();
+const nbgrader = measure();
+const markdown = [...document.querySelectorAll(".text_cell_render")];
+return {
+  course, nbgrader, width: window.innerWidth,
+  typeset: markdown.filter((c) => c.querySelector("mjx-container")).length,
+  raw: markdown.filter((c) => c.innerText.includes("$")).map((c) => c.innerText),
+};
+"""
+
+
+def test_the_feedback_page_shows_the_named_mistake_and_math_offline(courses):
+    """carol's feedback page, opened with no network (tests/browser.py resolves no host
+    but 127.0.0.1) at 1280 x 800: the score and the whole verdict naming her mistake
+    (unscaled scores) in view, wrapped; the chapter's math typeset by the MathJax the
+    page carries."""
+    _, parallel, *_ = courses
+    _run(parallel, "-m", "nbgrader", "generate_feedback", CHAPTER, "--student",
+         "carol", "--force")  # fmt: skip
+    site = Site(parallel / "feedback" / "carol" / CHAPTER, "/")
+    browser = Browser()
+    try:
+        page, visit = browser.open(site.url + f"{CHAPTER}.html")
+        try:
+            page.set_viewport_size({"width": 1280, "height": 800})
+            seen = page.evaluate(f"async () => {{ {FEEDBACK_PAGE} }}")
+        finally:
+            page.context.close()
+    finally:
+        browser.close()
+        site.close()
+    assert seen["width"] == 1280
+    assert "Likely mistake: your scores look unscaled" in seen["course"]["text"]
+    assert "Score: 2" in seen["course"]["score"]
+    assert seen["course"]["fits"] and seen["course"]["inside"], seen["course"]
+    assert not (seen["nbgrader"]["fits"] and seen["nbgrader"]["inside"])
+    assert seen["typeset"] >= 5 and seen["raw"] == [], seen["raw"]
+    assert visit.requested == [site.url + f"{CHAPTER}.html"], visit.requested
+    assert not visit.errors, visit.errors
 
 
 def test_shards_split_a_class_deterministically():

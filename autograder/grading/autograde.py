@@ -266,7 +266,7 @@ def summary(
         ("graded", len(graded)),
         ("full marks", sum(r["score"] == r["max_score"] for r in graded)),
         ("zero", sum(r["score"] == 0 for r in graded)),
-        ("late (penalty applied)", sum(bool(r.get("late")) for r in graded)),
+        ("late (after the due date)", sum(bool(r.get("late")) for r in graded)),
         ("problems while running", sum("problem(s) while running" in r["message"] for r in graded)),
         ("not graded (grader fault: grade again)", len(results) - len(graded)),
     ]  # fmt: skip

@@ -244,7 +244,8 @@ class RestoreHiddenTests(NbGraderPreprocessor):
             )
         except MissingEntry:
             return cell, resources  # OverwriteCells reports it
-        released = copy.deepcopy(cell)  # the source's cell as generate_assignment wrote it
+        # the source's cell, cleared as generate_assignment cleared it for the release
+        released = copy.deepcopy(cell)
         released.source = source.source
         self._clear.preprocess_cell(released, resources, cell_index)
         if cell.source == released.source:
