@@ -1,0 +1,99 @@
+#!/bin/sh
+# Set up one shared Linux machine for the course: the nbgrader exchange folder, the
+# system-wide nbgrader config, and private home folders. Run as root; safe to run again
+# (it only creates what is missing and resets modes). Needs no network.
+#
+#   sh setup.sh --instructor USER [--course-clone DIR] [--exchange DIR]
+#               [--config-dir DIR] STUDENT...
+#
+# --instructor USER   the instructor's login; their home folder is made private
+# --course-clone DIR  the instructor's clone of the course (default: ~USER/attention-course)
+# --exchange DIR      nbgrader's exchange folder (default: /srv/nbgrader/exchange)
+# --config-dir DIR    where nbgrader_config.py goes, with attention_course_validate.py
+#                     (default: /etc/jupyter)
+# STUDENT...          the students' logins (their nbgrader student ids): homes made private
+set -eu
+
+here=$(cd "$(dirname "$0")" && pwd)
+exchange=/srv/nbgrader/exchange
+config_dir=/etc/jupyter
+instructor=
+clone=
+
+die() {
+    echo "setup.sh: $*" >&2
+    exit 2
+}
+
+while [ $# -gt 0 ]; do
+    case $1 in
+    --instructor) instructor=${2:?}; shift 2 ;;
+    --course-clone) clone=${2:?}; shift 2 ;;
+    --exchange) exchange=${2:?}; shift 2 ;;
+    --config-dir) config_dir=${2:?}; shift 2 ;;
+    --) shift; break ;;
+    -*) die "unknown option $1 (see the top of this file)" ;;
+    *) break ;;
+    esac
+done
+
+[ "$(id -u)" -eq 0 ] || die "run me as root (sudo sh $0 ...)"
+[ -n "$instructor" ] || die "--instructor USER is needed"
+# The exchange path is written into a Python string: plain path characters only.
+case $exchange in
+/*) ;;
+*) die "--exchange needs an absolute path" ;;
+esac
+case $exchange in
+*[!A-Za-z0-9._/-]*) die "--exchange: use only letters, digits and . _ - / in the path" ;;
+esac
+
+home_of() {
+    getent passwd "$1" | cut -d: -f6 | grep . || die "no such user: $1"
+}
+
+# 1. The exchange: writable by all, with the sticky bit, so a student can add their own
+#    submission but never delete, rename or replace a folder another user made (without
+#    it, any student could replace the course's folder). nbgrader itself would create it
+#    0777, without the sticky bit; it keeps an existing one's (it checks the rwx bits only).
+parent=$(dirname "$exchange")
+[ -d "$parent" ] || install -d -m 0755 -o root -g root "$parent"
+install -d -m 1777 -o root -g root "$exchange"
+
+# 2. The system-wide nbgrader config, pointing at that exchange, and beside it a copy of
+#    the course's Validate settings, which it loads (students cannot read the clone).
+validate=$here/../../autograder/grading/validate_settings.py
+[ -f "$validate" ] || die "no $validate: run me from the deploy/ folder of a course clone"
+[ -d "$config_dir" ] || install -d -m 0755 "$config_dir"
+install -m 0644 -o root -g root "$validate" "$config_dir/attention_course_validate.py"
+tmp=$(mktemp)
+trap 'rm -f "$tmp"' EXIT
+sed "s#^c\.Exchange\.root = .*#c.Exchange.root = \"$exchange\"#" \
+    "$here/nbgrader_config.py" >"$tmp"
+grep -q "^c.Exchange.root = \"$exchange\"$" "$tmp" || die "could not set the exchange in the config"
+install -m 0644 -o root -g root "$tmp" "$config_dir/nbgrader_config.py"
+
+# 3. Private homes: no student may read another's notebooks or nbgrader's record of their
+#    submissions (it holds the secret that names their feedback), nor the instructor's
+#    clone (solutions, gradebook, everyone's submissions).
+ihome=$(home_of "$instructor")
+clone=${clone:-$ihome/attention-course}
+chmod 0700 "$ihome"
+if [ -d "$clone" ]; then
+    chmod 0700 "$clone"
+else
+    echo "setup.sh: no course clone at $clone yet: clone it there, then run me again" >&2
+fi
+for student in "$@"; do
+    home=$(home_of "$student")
+    chmod 0700 "$home"
+done
+
+# 4. The grading sandbox needs unprivileged user namespaces for the instructor.
+if ! runuser -u "$instructor" -- unshare --user --map-root-user --mount true 2>/dev/null; then
+    echo "setup.sh: $instructor cannot create user namespaces, so the grader will not" \
+        "start; run 'python -m autograder check' as $instructor for the fix" >&2
+fi
+
+echo "exchange $exchange (mode 1777), config $config_dir/nbgrader_config.py," \
+    "private homes for $instructor and $# student(s)"
