@@ -59,6 +59,32 @@ def write(nb, path: Path) -> Path:
     return path
 
 
+def class_course(
+    root: Path,
+    chapter: str,
+    submissions: dict[str, Callable[[], object] | None],
+    timestamps: dict[str, str] | None = None,
+) -> Path:
+    """An nbgrader course root at ``root`` with the course's config and sources, and one
+    collected submission of ``chapter`` per student (``None``: a file that is no notebook),
+    with nbgrader's timestamp where ``timestamps`` gives one."""
+    import shutil
+
+    root.mkdir(parents=True)
+    shutil.copy(paths.COURSE_ROOT / "nbgrader_config.py", root)
+    shutil.copytree(paths.COURSE_ROOT / "source", root / "source")
+    for student, make in submissions.items():
+        folder = root / "submitted" / student / chapter
+        folder.mkdir(parents=True)
+        if make is None:
+            (folder / f"{chapter}.ipynb").write_text('{"cells": [')
+        else:
+            write(make(), folder / f"{chapter}.ipynb")
+        if timestamps and student in timestamps:
+            (folder / "timestamp.txt").write_text(timestamps[student])
+    return root
+
+
 def grade_cli(*args, timeout=600):
     """``python -m autograder grade ARGS...``, run as an instructor would."""
     return subprocess.run(

@@ -19,7 +19,7 @@ from autograder.grading.autograde import in_shard
 from autograder.grading.nbgrader_bridge import COURSE_ID
 from autograder.grading.provenance import TABLE, assignment_digest, recorded
 from tests.browser import Browser, Site
-from tests.notebooks import release_notebook, student_notebook, write
+from tests.notebooks import class_course, release_notebook, student_notebook
 
 pytestmark = pytest.mark.slow
 CHAPTER = "03_self_attention"
@@ -53,17 +53,9 @@ TIMESTAMPS = {s: "2026-01-14 10:00:00.000000 UTC" for s in SUBMISSIONS} | {
 
 
 def _course(root):
-    root.mkdir(parents=True)
-    shutil.copy(paths.COURSE_ROOT / "nbgrader_config.py", root)  # late work: zero
-    shutil.copytree(paths.COURSE_ROOT / "source", root / "source")
-    for student, make in SUBMISSIONS.items():
-        folder = root / "submitted" / student / CHAPTER
-        folder.mkdir(parents=True)
-        if make is None:
-            (folder / f"{CHAPTER}.ipynb").write_text('{"cells": [')
-        else:
-            write(make(), folder / f"{CHAPTER}.ipynb")
-        (folder / "timestamp.txt").write_text(TIMESTAMPS[student])
+    class_course(
+        root, CHAPTER, SUBMISSIONS, TIMESTAMPS
+    )  # the course's config: late work 0
     _run(root, "-m", "nbgrader", "db", "assignment", "add", CHAPTER,
          f"--duedate={DUE.isoformat()}")  # fmt: skip
     return root

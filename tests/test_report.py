@@ -23,7 +23,12 @@ from autograder.grading.nbgrader_bridge import COURSE_ID
 from autograder.grading.spec import graded_chapters, load_chapter_tests
 from autograder.report import data
 from tests.browser import Browser, Site
-from tests.notebooks import release_notebook, student_notebook, with_extra_cell, write
+from tests.notebooks import (
+    class_course,
+    release_notebook,
+    student_notebook,
+    with_extra_cell,
+)
 from tests.test_class_autograde import _run
 
 CHAPTER = "03_self_attention"
@@ -66,17 +71,9 @@ SUBMISSIONS = {
 
 @pytest.fixture(scope="module")
 def course(tmp_path_factory):
-    root = tmp_path_factory.mktemp("report") / "course"
-    root.mkdir()
-    shutil.copy(paths.COURSE_ROOT / "nbgrader_config.py", root)
-    shutil.copytree(paths.COURSE_ROOT / "source", root / "source")
-    for student, make in SUBMISSIONS.items():
-        folder = root / "submitted" / student / CHAPTER
-        folder.mkdir(parents=True)
-        if make is None:
-            (folder / f"{CHAPTER}.ipynb").write_text('{"cells": [')
-        else:
-            write(make(), folder / f"{CHAPTER}.ipynb")
+    root = class_course(
+        tmp_path_factory.mktemp("report") / "course", CHAPTER, SUBMISSIONS
+    )
     _run(
         paths.REPO, "-m", "autograder", "autograde", CHAPTER, "--jobs", "2",
         "--seed", "7", "--cell-timeout", "10", "--course-dir", str(root), status=1,
