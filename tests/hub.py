@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import secrets
 import shutil
 import signal
@@ -114,15 +115,28 @@ class Hub:
             except subprocess.TimeoutExpired:
                 os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait(timeout=30)
-        for name in self.users.names:
-            listed = subprocess.run(
-                ["ps", "-o", "pid=", "-u", name], capture_output=True, text=True
-            ).stdout.split()
-            for pid in map(int, listed):
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+        uids = {pwd.getpwnam(name).pw_uid for name in self.users.names}
+        for pid in _processes_of(uids):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def _processes_of(uids: set[int]) -> list[int]:
+    """The ids of the processes that run as one of ``uids`` (read from /proc)."""
+    found = []
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            lines = status.read_text().splitlines()
+        except OSError:  # it ended
+            continue
+        real = next(
+            (line.split()[1] for line in lines if line.startswith("Uid:")), None
+        )
+        if real is not None and int(real) in uids:
+            found.append(int(status.parent.name))
+    return found
 
 
 # What formgrader's autograde button runs for each student in turn, in one process (the

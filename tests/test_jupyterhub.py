@@ -5,8 +5,11 @@ Chromium through the hub, in the guide's order (``walk``); the tests then check 
 user saw.
 
 Student A hands in right answers; B the unscaled-scores mistake in
-``scaled_dot_product_attention`` and ``SelfAttention`` left untouched. Runs as root (CI
-does), which may create users and start the hub; skipped otherwise.
+``scaled_dot_product_attention`` and ``SelfAttention`` left untouched. The instructor
+grades A with formgrader's button, tries B's on a server where the jail cannot start
+(a seccomp filter refuses ``unshare``), and grades the class from a terminal in their
+JupyterLab. Runs as root (CI does), which may create users and start the hub; skipped
+otherwise. configurable-http-proxy is installed from npm when missing (``tests/hub.py``).
 """
 
 from __future__ import annotations
@@ -227,6 +230,8 @@ def _walk(w: Walk, browser) -> Walk:
         "--config-dir", str(users.config_dir), "--hub-dir", str(hub_dir),
         "--python", sys.executable, "--instructor", w.instructor, *w.students.values(),
     ]  # fmt: skip
+    # (in the users' view of the Python installation, as the hub runs: setup.sh checks
+    # that they can run it)
     runs["setup"] = subprocess.run(
         users.view.wrap(setup), capture_output=True, text=True, timeout=120
     )
