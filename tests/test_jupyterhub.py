@@ -141,6 +141,14 @@ class Session:
         for label in labels[1:]:
             self.page.click(f".lm-Menu-itemLabel:text-is('{label}')")
 
+    def menu_items(self, label: str) -> list[str]:
+        """The items of one of JupyterLab's menus (closed again)."""
+        self.page.click(f".lm-MenuBar-itemLabel:text-is('{label}')")
+        self.page.wait_for_selector(".lm-Menu-itemLabel")
+        items = self.page.locator(".lm-Menu .lm-Menu-itemLabel").all_inner_texts()
+        self.page.keyboard.press("Escape")
+        return [item.strip() for item in items if item.strip()]
+
     def formgrader(self):
         """Formgrader's tab (Nbgrader > Formgrader): the frame inside it."""
         self.menu("Nbgrader", "Formgrader")
@@ -243,6 +251,7 @@ def _walk(w: Walk, browser) -> Walk:
     # 2. The instructor generates and releases the assignment in formgrader
     teacher = Session(browser, hub, w.instructor, passwords[w.instructor])
     w.sessions.append(teacher)
+    w.seen["instructor nbgrader menu"] = teacher.menu_items("Nbgrader")
     fg = teacher.formgrader()
     w.seen["formgrader blank"] = not fg.inner_text("body").strip()
     row = _row(CHAPTER)
@@ -254,6 +263,10 @@ def _walk(w: Walk, browser) -> Walk:
     for role, login in w.students.items():
         s = sessions[role] = Session(browser, hub, login, passwords[login])
         w.sessions.append(s)
+        w.seen[f"{role} nbgrader menu"] = s.menu_items("Nbgrader")
+        w.seen[f"{role} formgrader status"] = s.page.request.get(
+            f"{s.lab}/formgrader"
+        ).status
         _assignments_tab(s)
         s.page.click("#released_assignments_list button:text-is('Fetch')")
         s.page.wait_for_selector("#fetched_assignments_list button:text-is('Submit')")
@@ -414,6 +427,15 @@ def test_formgrader_shows_in_its_tab(walk):
     assert walk.seen["formgrader blank"] is False
     for step in ("generate", "release", "collect"):
         assert walk.seen[step]["id"] == "success-modal", walk.seen[step]["text"]
+
+
+def test_formgrader_is_the_instructors_alone(walk):
+    assert {"Formgrader", "Create assignment"} <= set(
+        walk.seen["instructor nbgrader menu"]
+    )
+    for role in walk.students:
+        assert walk.seen[f"{role} nbgrader menu"] == ["Assignment List", "Course List"]
+        assert walk.seen[f"{role} formgrader status"] == 404
 
 
 def test_validate_is_right_for_both_students(walk):
