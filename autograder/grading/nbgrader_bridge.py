@@ -83,6 +83,18 @@ def _shared_sandbox():
         return _SANDBOX
 
 
+class GraderUnavailable(SystemExit):
+    """Exit status 3, with the diagnosis as its message: formgrader (nbgrader's API) shows
+    the exception that stopped nbgrader, not what was printed to stderr."""
+
+    def __init__(self, message: str):
+        super().__init__(3)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
 def prove_sandbox(assignment, student, notebooks, db_url=None, course_id=None, **_):
     """nbgrader's pre-convert hook, run before each submission is entered in the
     gradebook: start and prove the jail (once), or stop nbgrader with exit status 3 and
@@ -95,7 +107,7 @@ def prove_sandbox(assignment, student, notebooks, db_url=None, course_id=None, *
             _shared_sandbox()
     except SandboxUnavailable as exc:
         print(f"[autograder] {exc}", file=sys.stderr, flush=True)
-        raise SystemExit(3) from None
+        raise GraderUnavailable(f"[autograder] {exc}") from None
     for notebook in notebooks:  # .../submitted/<student>/<assignment>/<name>.ipynb
         parts = Path(notebook).parts
         if db_url and len(parts) >= 3:
@@ -138,6 +150,14 @@ class SandboxedExecute(NbGraderPreprocessor):
             raise RuntimeError(f"[autograder] {result['message']}")
         if result["message"]:
             self.log.warning("%s", result["message"])
+        # one line per submission at INFO (formgrader's log, nbgrader's default); the
+        # student's code reaches the log only at DEBUG, from the kernel's client
+        passed = sum(1 for t in result["tests"] if t.get("passed"))
+        self.log.info(
+            "[autograder] %s: graded in the course's sandbox: %g/%g points, %d of %d "
+            "hidden tests passed",
+            student, result["score"], result["max_score"], passed, len(result["tests"]),
+        )  # fmt: skip
         self._record_provenance(nb, resources["nbgrader"], assignment, result)
         _record_verdicts(resources["nbgrader"], assignment, result)
         verdicts = {t["id"]: t for t in result["tests"]}
