@@ -18,6 +18,7 @@ import stat
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass, field
 from pathlib import Path
 
 # What every user's environment holds: nothing of the test process's (its PYTHONPATH,
@@ -153,3 +154,29 @@ def copy_working_tree(repo: Path, dest: Path, owner: str):
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source, target)
     subprocess.run(["chown", "-R", f"{owner}:{owner}", str(dest)], check=True)
+
+
+@dataclass
+class CourseOnMachine:
+    """A course on one machine as a test set it up: its users, its temporary base folder,
+    the instructor's login, the students' (by role), and the commands run so far."""
+
+    users: Users
+    base: Path
+    chapter: str = "03_self_attention"
+    instructor: str = ""
+    students: dict[str, str] = field(default_factory=dict)  # role -> login
+    runs: dict[str, subprocess.CompletedProcess] = field(default_factory=dict)
+
+    @property
+    def clone(self) -> Path:
+        """The instructor's clone of the course repository."""
+        return Users.home(self.instructor) / "attention-course"
+
+    @property
+    def course_root(self) -> Path:
+        return self.clone / "autograder" / "course"
+
+    def work(self, role: str) -> Path:
+        """Where a student's fetched assignment lies (nbgrader fetches into the cwd)."""
+        return Users.home(self.students[role]) / self.chapter

@@ -30,7 +30,12 @@ import pytest
 from nbgrader.api import Gradebook
 
 from autograder import paths
-from tests.shared_machine import Users, copy_working_tree, missing_tools
+from tests.shared_machine import (
+    CourseOnMachine,
+    Users,
+    copy_working_tree,
+    missing_tools,
+)
 from tests.test_shared_machine import (
     CHAPTER,
     COURSE,
@@ -62,29 +67,13 @@ KEEP = os.environ.get("AC_HUB_KEEP")
 
 
 @dataclass
-class Walk:
+class Walk(CourseOnMachine):
     """What one walk along the whole path left behind, for the tests to read."""
 
-    users: Users
-    base: Path
     hub: object = None  # tests.hub.Hub, the one running now
     sessions: list = field(default_factory=list)  # every Session, to close
-    instructor: str = ""
-    students: dict[str, str] = field(default_factory=dict)  # role -> login
-    runs: dict[str, subprocess.CompletedProcess] = field(default_factory=dict)
     seen: dict[str, object] = field(default_factory=dict)  # what a page showed
     recorded: dict[str, dict] = field(default_factory=dict)  # the gradebook, by stage
-
-    @property
-    def clone(self) -> Path:
-        return Users.home(self.instructor) / "attention-course"
-
-    @property
-    def course_root(self) -> Path:
-        return self.clone / "autograder" / "course"
-
-    def work(self, role: str) -> Path:
-        return Users.home(self.students[role]) / CHAPTER
 
 
 def _gradebook(walk: Walk) -> dict:

@@ -30,7 +30,12 @@ from nbgrader.api import Gradebook
 from autograder import paths
 from autograder.grading.spec import load_chapter_tests
 from tests.notebooks import answers, release_notebook, source_notebook
-from tests.shared_machine import Users, copy_working_tree, missing_tools
+from tests.shared_machine import (
+    CourseOnMachine,
+    Users,
+    copy_working_tree,
+    missing_tools,
+)
 
 pytestmark = [
     pytest.mark.slow,
@@ -54,33 +59,16 @@ def _points(exercises=()) -> dict[str, float]:
 
 
 @dataclass
-class Term:
+class Term(CourseOnMachine):
     """What one run of the whole path left behind, for the tests to read."""
 
-    users: Users
-    base: Path
-    instructor: str = ""
-    students: dict[str, str] = field(default_factory=dict)  # role -> login
     nobody: str = "ac-nobody"  # a student id with no submission and no account
-    runs: dict[str, subprocess.CompletedProcess] = field(default_factory=dict)
     gradebooks: dict[str, dict] = field(default_factory=dict)  # after each autograde
     modes: dict[str, int] = field(default_factory=dict)
 
     @property
     def exchange(self) -> Path:
         return self.base / "exchange"
-
-    @property
-    def clone(self) -> Path:
-        return Users.home(self.instructor) / "attention-course"
-
-    @property
-    def course_root(self) -> Path:
-        return self.clone / "autograder" / "course"
-
-    def work(self, role: str) -> Path:
-        """Where a student's fetched assignment lies (nbgrader fetches into the cwd)."""
-        return Users.home(self.students[role]) / CHAPTER
 
     def feedback_page(self, role: str) -> Path:
         (page,) = (self.work(role) / "feedback").glob(f"*/{CHAPTER}.html")
