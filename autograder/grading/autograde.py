@@ -24,7 +24,9 @@ import json
 import subprocess
 import sys
 import tempfile
+import time
 import zlib
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from autograder.grading.limits import Limits
@@ -70,9 +72,11 @@ def grade_class(
     seed: int | None,
     limits: Limits,
     progress: bool = True,
+    timings: dict | None = None,
 ) -> list[dict]:
     """Grade every student's notebook in one warm sandbox; each result also names the
-    student and the fingerprint of the cells it graded."""
+    student and the fingerprint of the cells it graded. ``timings`` gets the seconds
+    the grader took to start (``grade_many``)."""
     import nbformat
     from tqdm import tqdm
 
@@ -96,7 +100,7 @@ def grade_class(
         results = list(
             grade_many(
                 [notebooks[s] for s in students], assignment, jobs, seed, limits,
-                on_result=graded_one,
+                on_result=graded_one, timings=timings,
             )
         )  # fmt: skip
     finally:
@@ -154,55 +158,153 @@ def _in_gradebook(root: Path, assignment: str) -> bool:
             return False
 
 
-def _nbgrader(root: Path, *args: str, env: dict | None = None) -> int:
-    return subprocess.run(
+def _nbgrader(root: Path, *args: str, quiet: bool = False) -> int:
+    """``nbgrader ARGS``; ``quiet``: its log printed only if it fails."""
+    run = subprocess.run(
         [sys.executable, "-m", "nbgrader", *args],
         cwd=root,
-        env={**env_with_repo_on_path(), **(env or {})},
-    ).returncode
+        env=env_with_repo_on_path(),
+        capture_output=quiet,
+        text=True,
+    )
+    if quiet and run.returncode:
+        print(run.stdout + run.stderr, file=sys.stderr, end="")
+    return run.returncode
 
 
-def enter_assignment(root: Path, assignment: str) -> int:
+def enter_assignment(root: Path, assignment: str, quiet: bool = False) -> int:
     """Put the assignment and its graded cells in the gradebook if they are not there
     (what ``nbgrader generate_assignment`` does), without touching ``release/``."""
     if _in_gradebook(root, assignment):
         return 0
+    return _generate(root, assignment, quiet)
+
+
+def _generate(root: Path, assignment: str, quiet: bool = False) -> int:
     print(f"[autograder] entering {assignment} in the gradebook", file=sys.stderr)
     with tempfile.TemporaryDirectory(prefix="release-") as release:
         return _nbgrader(
             root, "generate_assignment", assignment, "--force",
-            f"--CourseDirectory.release_directory={release}",
+            f"--CourseDirectory.release_directory={release}", quiet=quiet,
         )  # fmt: skip
 
 
-def record(root: Path, assignment: str, results: list[dict], force: bool) -> int:
+def in_background(function, *args) -> Future:
+    """``function(*args)`` on a thread of its own (its work is another process's: it
+    takes the core the grader's start leaves idle)."""
+    pool = ThreadPoolExecutor(max_workers=1)
+    try:
+        return pool.submit(function, *args)
+    finally:
+        pool.shutdown(wait=False)
+
+
+def entering_in_background(root: Path, assignment: str) -> Future:
+    """:func:`enter_assignment` while the class is graded; its log only if it fails.
+    Only the other process runs in the background: two threads importing nbgrader at
+    once can see its modules half-initialised."""
+    if _in_gradebook(root, assignment):
+        done = Future()
+        done.set_result(0)
+        return done
+    return in_background(_generate, root, assignment, True)
+
+
+def record(
+    root: Path,
+    assignment: str,
+    results: list[dict],
+    force: bool,
+    jobs: int = 1,
+    feedback: bool = False,
+    timings: dict | None = None,
+) -> int:
     """Run ``nbgrader autograde`` over the graded students only, taking their verdicts
-    from ``results``; returns its exit status."""
+    from ``results``, on ``jobs`` workers at once (each a process of its own over a part
+    of the class: ``nbgrader_steps``); with ``feedback``, each worker then runs
+    ``nbgrader generate_feedback --force`` over its part. Returns the largest exit
+    status; ``timings`` (if given) gets each step's seconds summed over the workers and
+    the workers' wall time."""
     _record_attempts_without_grade(root, assignment, results)
-    graded = {r["student"] for r in results if r["graded"]}
+    graded = sorted({r["student"] for r in results if r["graded"]})
     if not graded:
         return 0
-    others = sorted(
-        p.parent.name
-        for p in (root / "submitted").glob(f"*/{assignment}")
-        if p.parent.name not in graded
+    everyone = sorted(
+        p.parent.name for p in (root / "submitted").glob(f"*/{assignment}")
     )
+    workers = max(1, min(jobs, len(graded)))
+    if workers > 1:
+        _enter_students(root, graded)
+    parts = [graded[k::workers] for k in range(workers)]
+    seeds = {r["seed"] for r in results}
+    started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="verdicts-") as tmp:
         verdicts = Path(tmp) / "verdicts.jsonl"
         write_results([r for r in results if r["graded"]], verdicts)
-        args = ["autograde", assignment]
-        if force:
-            args.append("--force")
-        if others:
-            args.append(f"--CourseDirectory.student_id_exclude={','.join(others)}")
-        seeds = {r["seed"] for r in results}
-        if len(seeds) == 1:  # a notebook graded again there draws the same inputs
-            args.append(f"--SandboxedExecute.seed={seeds.pop()}")
         from autograder.grading.nbgrader_bridge import VERDICTS
 
-        status = _nbgrader(root, *args, env={VERDICTS: str(verdicts)})
+        processes = []
+        for k, part in enumerate(parts):
+            others = sorted(set(everyone) - set(part))
+            exclude = (
+                [f"--CourseDirectory.student_id_exclude={','.join(others)}"]
+                if others
+                else []
+            )
+            args = ["autograde", assignment, *exclude]
+            if force:
+                args.append("--force")
+            if len(seeds) == 1:  # a notebook graded again there draws the same inputs
+                args.append(f"--SandboxedExecute.seed={next(iter(seeds))}")
+            if feedback:  # the pages of the students just recorded, made again
+                args += ["--then", "generate_feedback", assignment, "--force", *exclude]
+            processes.append(
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-m",
+                        "autograder.grading.nbgrader_steps",
+                        "--timings",
+                        str(Path(tmp) / f"timings-{k}.json"),
+                        *args,
+                    ],
+                    cwd=root,
+                    env={**env_with_repo_on_path(), VERDICTS: str(verdicts)},
+                )  # fmt: skip
+            )
+        status = max(process.wait() for process in processes)
+        if timings is not None:
+            timings["workers"] = workers
+            timings["seconds"] = time.perf_counter() - started
+            for k in range(workers):
+                try:
+                    steps = json.loads((Path(tmp) / f"timings-{k}.json").read_text())
+                except (OSError, ValueError):
+                    continue
+                for name, seconds in steps:
+                    timings[name] = timings.get(name, 0.0) + seconds
     _record_attempts_without_grade(root, assignment, results, after_nbgrader=True)
     return status
+
+
+def _enter_students(root: Path, students: list[str]) -> None:
+    """Enter the students in the gradebook in the order serial ``nbgrader autograde``
+    enters them (by id), as it does (``update_or_create_student`` with nothing more),
+    before the workers run: else they enter them in the order they happen to finish,
+    and lists ordered by name (``nbgrader export``'s rows, for one) come out in another
+    order where the gradebook has no names. Only where nbgrader would create them
+    (``Autograde.create_student``, on by default)."""
+    from nbgrader.api import Gradebook
+    from traitlets.config.loader import PyFileConfigLoader
+
+    from autograder.grading.nbgrader_bridge import COURSE_ID
+
+    config = PyFileConfigLoader("nbgrader_config.py", path=str(root)).load_config()
+    if not config.get("Autograde", {}).get("create_student", True):
+        return
+    with Gradebook(f"sqlite:///{root / 'gradebook.db'}", COURSE_ID) as gb:
+        for student in students:
+            gb.update_or_create_student(student)
 
 
 def _record_attempts_without_grade(
@@ -286,6 +388,31 @@ def _as_recorded(results: list[dict], recorded: dict[str, dict] | None) -> list[
             r.update(late=entry["late"], penalty=entry["penalty"])
         out.append(r)
     return out
+
+
+PHASES = ("kernel start", "student cells", "tests", "kernel end")
+
+
+def time_line(grading: float, recording: float, timings: dict, results: list) -> str:
+    """Where the time went: the grader's start, the notebooks' phases (summed over the
+    workers: ``grade._phases``), recording and feedback (summed over their workers)."""
+    phases = {name: 0.0 for name in PHASES}
+    for r in results:
+        for name, seconds in (r.get("phases") or {}).items():
+            phases[name] = phases.get(name, 0.0) + seconds
+    line = f"time: {grading:.1f} s grading"
+    if "start" in timings:
+        line += f" (start {timings['start']:.1f} s; summed over the notebooks: "
+        line += ", ".join(f"{name} {s:.1f} s" for name, s in phases.items()) + ")"
+    line += f", {recording:.1f} s recording in the gradebook"
+    if timings.get("workers"):
+        steps = [
+            f"{name} {timings[name]:.1f} s"
+            for name in ("autograde", "generate_feedback")
+            if name in timings
+        ]
+        line += f" on {timings['workers']} worker(s) ({', '.join(steps)}, summed)"
+    return line
 
 
 def summary(
