@@ -134,7 +134,7 @@ def _autograde(args) -> int:
         shard = (k, n)
     entering = None
     if shard is None:  # on the other core while the grader starts; needed to record
-        entering = ag.entering_in_background(root, args.assignment)
+        entering = ag.Entering(root, args.assignment)
     notebooks = ag.submissions(root, args.assignment, args.student, args.force)
     if shard is not None:
         notebooks = {s: p for s, p in notebooks.items() if ag.in_shard(s, *shard)}

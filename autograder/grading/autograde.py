@@ -26,7 +26,6 @@ import sys
 import tempfile
 import time
 import zlib
-from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from autograder.grading.limits import Limits
@@ -158,56 +157,56 @@ def _in_gradebook(root: Path, assignment: str) -> bool:
             return False
 
 
-def _nbgrader(root: Path, *args: str, quiet: bool = False) -> int:
-    """``nbgrader ARGS``; ``quiet``: its log printed only if it fails."""
-    run = subprocess.run(
+def _nbgrader(root: Path, *args: str) -> int:
+    return subprocess.run(
         [sys.executable, "-m", "nbgrader", *args],
         cwd=root,
         env=env_with_repo_on_path(),
-        capture_output=quiet,
-        text=True,
-    )
-    if quiet and run.returncode:
-        print(run.stdout + run.stderr, file=sys.stderr, end="")
-    return run.returncode
+    ).returncode
 
 
-def enter_assignment(root: Path, assignment: str, quiet: bool = False) -> int:
+def enter_assignment(root: Path, assignment: str, in_process: bool = False) -> int:
     """Put the assignment and its graded cells in the gradebook if they are not there
     (what ``nbgrader generate_assignment`` does), without touching ``release/``."""
     if _in_gradebook(root, assignment):
         return 0
-    return _generate(root, assignment, quiet)
+    return _generate(root, assignment, in_process)
 
 
-def _generate(root: Path, assignment: str, quiet: bool = False) -> int:
+def _generate(root: Path, assignment: str, in_process: bool = False) -> int:
     print(f"[autograder] entering {assignment} in the gradebook", file=sys.stderr)
     with tempfile.TemporaryDirectory(prefix="release-") as release:
-        return _nbgrader(
-            root, "generate_assignment", assignment, "--force",
-            f"--CourseDirectory.release_directory={release}", quiet=quiet,
+        args = [
+            "generate_assignment", assignment, "--force",
+            f"--CourseDirectory.release_directory={release}",
+        ]  # fmt: skip
+        if in_process:  # run in the course root
+            from autograder.grading.nbgrader_steps import run_step
+
+            return run_step(args)
+        return _nbgrader(root, *args)
+
+
+class Entering:
+    """:func:`enter_assignment` in a process of its own, started now (it takes the core
+    the grader's start leaves idle); :meth:`result` waits for its exit status and
+    prints its log if it failed."""
+
+    def __init__(self, root: Path, assignment: str):
+        self._log = tempfile.TemporaryFile("w+")
+        self._process = subprocess.Popen(
+            [sys.executable, "-m", "autograder.grading.autograde", assignment],
+            cwd=root, env=env_with_repo_on_path(), text=True,
+            stdout=self._log, stderr=subprocess.STDOUT,
         )  # fmt: skip
 
-
-def in_background(function, *args) -> Future:
-    """``function(*args)`` on a thread of its own (its work is another process's: it
-    takes the core the grader's start leaves idle)."""
-    pool = ThreadPoolExecutor(max_workers=1)
-    try:
-        return pool.submit(function, *args)
-    finally:
-        pool.shutdown(wait=False)
-
-
-def entering_in_background(root: Path, assignment: str) -> Future:
-    """:func:`enter_assignment` while the class is graded; its log only if it fails.
-    Only the other process runs in the background: two threads importing nbgrader at
-    once can see its modules half-initialised."""
-    if _in_gradebook(root, assignment):
-        done = Future()
-        done.set_result(0)
-        return done
-    return in_background(_generate, root, assignment, True)
+    def result(self) -> int:
+        status = self._process.wait()
+        if status:
+            self._log.seek(0)
+            print(self._log.read(), file=sys.stderr, end="")
+        self._log.close()
+        return status
 
 
 def record(
@@ -486,3 +485,7 @@ def course_root(path: Path | None) -> Path:
             f"{root} is not an nbgrader course root (no nbgrader_config.py)"
         )
     return root
+
+
+if __name__ == "__main__":  # in the course root: enter ASSIGNMENT (``Entering``)
+    sys.exit(enter_assignment(Path.cwd(), sys.argv[1], in_process=True))

@@ -17,7 +17,9 @@ each command's seconds there (JSON) for the command's summary.
 
 from __future__ import annotations
 
+import atexit
 import json
+import os
 import sys
 import time
 
@@ -74,5 +76,15 @@ def main(argv: list[str]) -> int:
     return status
 
 
+def exit_now(status: int) -> None:
+    """End the process with ``status`` once its exit handlers have run and its output is
+    flushed, without tearing down every module (about half a second after nbgrader,
+    SQLAlchemy and bleach: on the critical path of every worker)."""
+    atexit._run_exitfuncs()  # a sandbox this worker started is closed, temp files go
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
+
+
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    exit_now(main(sys.argv[1:]))
