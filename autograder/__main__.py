@@ -132,8 +132,9 @@ def _autograde(args) -> int:
             print("--shard takes K/N with 1 <= K <= N, e.g. 2/8", file=sys.stderr)
             return 2
         shard = (k, n)
-    if shard is None and ag.enter_assignment(root, args.assignment) != 0:
-        return 1
+    entering = None
+    if shard is None:  # on the other core while the grader starts; needed to record
+        entering = ag.Entering(root, args.assignment)
     notebooks = ag.submissions(root, args.assignment, args.student, args.force)
     if shard is not None:
         notebooks = {s: p for s, p in notebooks.items() if ag.in_shard(s, *shard)}
@@ -143,13 +144,16 @@ def _autograde(args) -> int:
         + (f", shard {shard[0]} of {shard[1]}" if shard else ""),
         file=sys.stderr,
     )
-    started = time.perf_counter()
+    started, timings = time.perf_counter(), {}
     try:
         results = ag.grade_class(
-            notebooks, args.assignment, args.jobs, args.seed, _limits(args)
-        )
+            notebooks, args.assignment, args.jobs, args.seed, _limits(args),
+            timings=timings,
+        )  # fmt: skip
     except SandboxUnavailable as exc:
         print(f"{exc}", file=sys.stderr)
+        if entering is not None:
+            entering.result()
         return 3
     if args.results or shard is not None:
         path = args.results or (
@@ -160,17 +164,24 @@ def _autograde(args) -> int:
     graded = time.perf_counter()
     status, previous, scores = 0, None, None
     if shard is None:
+        if entering.result() != 0:
+            print(
+                f"[autograder] could not enter {args.assignment} in the gradebook "
+                "(nbgrader's log above says why): nothing recorded",
+                file=sys.stderr,
+            )
+            return 1
         previous = ag.previous_provenance(root, args.assignment)
-        status = ag.record(root, args.assignment, results, args.force)
+        status = ag.record(
+            root, args.assignment, results, args.force, args.jobs, args.feedback,
+            timings,
+        )  # fmt: skip
         scores = ag.recorded_scores(root, args.assignment)
     recorded = time.perf_counter()
     print(ag.summary(results, previous=previous, recorded=scores))
     if shard is None:
         _report_not_autograded(root, args.assignment, results)
-    print(
-        f"time: {graded - started:.1f} s grading, {recorded - graded:.1f} s recording "
-        "in the gradebook"
-    )
+    print(ag.time_line(graded - started, recorded - graded, timings, results))
     if status:
         return 1
     return 4 if any(not r["graded"] for r in results) else 0
@@ -196,7 +207,9 @@ def _merge(args) -> int:
     if ag.enter_assignment(root, args.assignment) != 0:
         return 1
     previous = ag.previous_provenance(root, args.assignment)
-    status = ag.record(root, args.assignment, results, force=True)
+    status = ag.record(
+        root, args.assignment, results, True, args.jobs, args.feedback
+    )  # fmt: skip
     scores = ag.recorded_scores(root, args.assignment)
     print(ag.summary(results, previous=previous, recorded=scores))
     _report_not_autograded(root, args.assignment, results)
@@ -408,7 +421,10 @@ def main(argv=None) -> int:
     )
     autograde.add_argument("assignment", help="chapter id, e.g. 03_self_attention")
     autograde.add_argument(
-        "--jobs", type=int, default=1, help="submissions graded at once (default 1)"
+        "--jobs",
+        type=int,
+        default=1,
+        help="submissions graded, recorded (and given feedback) at once (default 1)",
     )
     autograde.add_argument(
         "--student", action="append", help="only this student (repeatable)"
@@ -432,6 +448,16 @@ def main(argv=None) -> int:
     )
     merge.add_argument("assignment")
     merge.add_argument("results", nargs="+", type=Path)
+    merge.add_argument(
+        "--jobs", type=int, default=1, help="submissions recorded at once (default 1)"
+    )
+    for command in (autograde, merge):
+        command.add_argument(
+            "--feedback",
+            action="store_true",
+            help="then write each recorded student's feedback page, as `nbgrader "
+            "generate_feedback --force` would, on the same --jobs workers",
+        )
     class_report = commands.add_parser(
         "report",
         help="the class report after an autograde: score distributions, the known "

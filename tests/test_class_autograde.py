@@ -107,10 +107,12 @@ def courses(tmp_path_factory):
     # gus's file is no notebook: nbgrader says so and exits 1 after grading the rest
     serial_run = _run(serial, "-m", "nbgrader", "autograde", CHAPTER,
                       "--SandboxedExecute.seed=7", status=1)  # fmt: skip
-    # the README's shortcut: no generate_assignment, the assignment is entered itself
+    _run(serial, "-m", "nbgrader", "generate_feedback", CHAPTER)
+    # the README's shortcut: no generate_assignment, the assignment is entered itself;
+    # recording and feedback on two workers, each over half of the class
     run = _run(
         paths.REPO, "-m", "autograder", "autograde", CHAPTER, "--jobs", "2",
-        "--seed", "7", "--course-dir", str(parallel), status=1,
+        "--feedback", "--seed", "7", "--course-dir", str(parallel), status=1,
     )  # fmt: skip
     shard_files = []
     for k in (1, 2):
@@ -121,7 +123,7 @@ def courses(tmp_path_factory):
         )  # fmt: skip
         shard_files.append(str(out))
     merged = _run(
-        paths.REPO, "-m", "autograder", "merge", CHAPTER, *shard_files,
+        paths.REPO, "-m", "autograder", "merge", CHAPTER, *shard_files, "--jobs", "2",
         "--course-dir", str(sharded), status=1,
     )  # fmt: skip
     return serial, parallel, sharded, run, merged, serial_run
@@ -158,6 +160,22 @@ def test_parallel_autograde_records_what_serial_nbgrader_records(courses):
         _run(root, "-m", "nbgrader", "export")
     assert (parallel / "grades.csv").read_text() == (serial / "grades.csv").read_text()
     assert (parallel / "feedback" / "bob" / CHAPTER / f"{CHAPTER}.html").is_file()
+
+
+def _page(root, student):
+    return (root / "feedback" / student / CHAPTER / f"{CHAPTER}.html").read_text()
+
+
+def test_parallel_feedback_pages_are_serial_nbgraders(courses):
+    """``autograde --jobs 2 --feedback`` writes, on its two workers, the very pages
+    ``nbgrader generate_feedback`` writes after serial ``nbgrader autograde``; gus's
+    file was no notebook, so neither way has a page for him."""
+    serial, parallel, _, run, _, _ = courses
+    for student in set(SUBMISSIONS) - {"gus"}:
+        assert _page(parallel, student) == _page(serial, student), student
+    for root in (serial, parallel):
+        assert not (root / "feedback" / "gus").exists()
+    assert "2 worker(s)" in run.stdout and "generate_feedback" in run.stdout
 
 
 def test_shards_merge_into_the_same_gradebook(courses):

@@ -24,6 +24,7 @@ import json
 import subprocess
 import sys
 import tempfile
+import time
 import zlib
 from pathlib import Path
 
@@ -70,9 +71,11 @@ def grade_class(
     seed: int | None,
     limits: Limits,
     progress: bool = True,
+    timings: dict | None = None,
 ) -> list[dict]:
     """Grade every student's notebook in one warm sandbox; each result also names the
-    student and the fingerprint of the cells it graded."""
+    student and the fingerprint of the cells it graded. ``timings`` gets the seconds
+    the grader took to start (``grade_many``)."""
     import nbformat
     from tqdm import tqdm
 
@@ -96,7 +99,7 @@ def grade_class(
         results = list(
             grade_many(
                 [notebooks[s] for s in students], assignment, jobs, seed, limits,
-                on_result=graded_one,
+                on_result=graded_one, timings=timings,
             )
         )  # fmt: skip
     finally:
@@ -154,55 +157,153 @@ def _in_gradebook(root: Path, assignment: str) -> bool:
             return False
 
 
-def _nbgrader(root: Path, *args: str, env: dict | None = None) -> int:
+def _nbgrader(root: Path, *args: str) -> int:
     return subprocess.run(
         [sys.executable, "-m", "nbgrader", *args],
         cwd=root,
-        env={**env_with_repo_on_path(), **(env or {})},
+        env=env_with_repo_on_path(),
     ).returncode
 
 
-def enter_assignment(root: Path, assignment: str) -> int:
+def enter_assignment(root: Path, assignment: str, in_process: bool = False) -> int:
     """Put the assignment and its graded cells in the gradebook if they are not there
     (what ``nbgrader generate_assignment`` does), without touching ``release/``."""
     if _in_gradebook(root, assignment):
         return 0
+    return _generate(root, assignment, in_process)
+
+
+def _generate(root: Path, assignment: str, in_process: bool = False) -> int:
     print(f"[autograder] entering {assignment} in the gradebook", file=sys.stderr)
     with tempfile.TemporaryDirectory(prefix="release-") as release:
-        return _nbgrader(
-            root, "generate_assignment", assignment, "--force",
+        args = [
+            "generate_assignment", assignment, "--force",
             f"--CourseDirectory.release_directory={release}",
+        ]  # fmt: skip
+        if in_process:  # run in the course root
+            from autograder.grading.nbgrader_steps import run_step
+
+            return run_step(args)
+        return _nbgrader(root, *args)
+
+
+class Entering:
+    """:func:`enter_assignment` in a process of its own, started now (it takes the core
+    the grader's start leaves idle); :meth:`result` waits for its exit status and
+    prints its log if it failed."""
+
+    def __init__(self, root: Path, assignment: str):
+        self._log = tempfile.TemporaryFile("w+")
+        self._process = subprocess.Popen(
+            [sys.executable, "-m", "autograder.grading.autograde", assignment],
+            cwd=root, env=env_with_repo_on_path(), text=True,
+            stdout=self._log, stderr=subprocess.STDOUT,
         )  # fmt: skip
 
+    def result(self) -> int:
+        status = self._process.wait()
+        if status:
+            self._log.seek(0)
+            print(self._log.read(), file=sys.stderr, end="")
+        self._log.close()
+        return status
 
-def record(root: Path, assignment: str, results: list[dict], force: bool) -> int:
+
+def record(
+    root: Path,
+    assignment: str,
+    results: list[dict],
+    force: bool,
+    jobs: int = 1,
+    feedback: bool = False,
+    timings: dict | None = None,
+) -> int:
     """Run ``nbgrader autograde`` over the graded students only, taking their verdicts
-    from ``results``; returns its exit status."""
+    from ``results``, on ``jobs`` workers at once (each a process of its own over a part
+    of the class: ``nbgrader_steps``); with ``feedback``, each worker then runs
+    ``nbgrader generate_feedback --force`` over its part. Returns the largest exit
+    status; ``timings`` (if given) gets each step's seconds summed over the workers and
+    the workers' wall time."""
     _record_attempts_without_grade(root, assignment, results)
-    graded = {r["student"] for r in results if r["graded"]}
+    graded = sorted({r["student"] for r in results if r["graded"]})
     if not graded:
         return 0
-    others = sorted(
-        p.parent.name
-        for p in (root / "submitted").glob(f"*/{assignment}")
-        if p.parent.name not in graded
+    everyone = sorted(
+        p.parent.name for p in (root / "submitted").glob(f"*/{assignment}")
     )
+    workers = max(1, min(jobs, len(graded)))
+    if workers > 1:
+        _enter_students(root, graded)
+    parts = [graded[k::workers] for k in range(workers)]
+    seeds = {r["seed"] for r in results}
+    started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="verdicts-") as tmp:
         verdicts = Path(tmp) / "verdicts.jsonl"
         write_results([r for r in results if r["graded"]], verdicts)
-        args = ["autograde", assignment]
-        if force:
-            args.append("--force")
-        if others:
-            args.append(f"--CourseDirectory.student_id_exclude={','.join(others)}")
-        seeds = {r["seed"] for r in results}
-        if len(seeds) == 1:  # a notebook graded again there draws the same inputs
-            args.append(f"--SandboxedExecute.seed={seeds.pop()}")
         from autograder.grading.nbgrader_bridge import VERDICTS
 
-        status = _nbgrader(root, *args, env={VERDICTS: str(verdicts)})
+        processes = []
+        for k, part in enumerate(parts):
+            others = sorted(set(everyone) - set(part))
+            exclude = (
+                [f"--CourseDirectory.student_id_exclude={','.join(others)}"]
+                if others
+                else []
+            )
+            args = ["autograde", assignment, *exclude]
+            if force:
+                args.append("--force")
+            if len(seeds) == 1:  # a notebook graded again there draws the same inputs
+                args.append(f"--SandboxedExecute.seed={next(iter(seeds))}")
+            if feedback:  # the pages of the students just recorded, made again
+                args += ["--then", "generate_feedback", assignment, "--force", *exclude]
+            processes.append(
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-m",
+                        "autograder.grading.nbgrader_steps",
+                        "--timings",
+                        str(Path(tmp) / f"timings-{k}.json"),
+                        *args,
+                    ],
+                    cwd=root,
+                    env={**env_with_repo_on_path(), VERDICTS: str(verdicts)},
+                )  # fmt: skip
+            )
+        status = max(process.wait() for process in processes)
+        if timings is not None:
+            timings["workers"] = workers
+            timings["seconds"] = time.perf_counter() - started
+            for k in range(workers):
+                try:
+                    steps = json.loads((Path(tmp) / f"timings-{k}.json").read_text())
+                except (OSError, ValueError):
+                    continue
+                for name, seconds in steps:
+                    timings[name] = timings.get(name, 0.0) + seconds
     _record_attempts_without_grade(root, assignment, results, after_nbgrader=True)
     return status
+
+
+def _enter_students(root: Path, students: list[str]) -> None:
+    """Enter the students in the gradebook in the order serial ``nbgrader autograde``
+    enters them (by id), as it does (``update_or_create_student`` with nothing more),
+    before the workers run: else they enter them in the order they happen to finish,
+    and lists ordered by name (``nbgrader export``'s rows, for one) come out in another
+    order where the gradebook has no names. Only where nbgrader would create them
+    (``Autograde.create_student``, on by default)."""
+    from nbgrader.api import Gradebook
+    from traitlets.config.loader import PyFileConfigLoader
+
+    from autograder.grading.nbgrader_bridge import COURSE_ID
+
+    config = PyFileConfigLoader("nbgrader_config.py", path=str(root)).load_config()
+    if not config.get("Autograde", {}).get("create_student", True):
+        return
+    with Gradebook(f"sqlite:///{root / 'gradebook.db'}", COURSE_ID) as gb:
+        for student in students:
+            gb.update_or_create_student(student)
 
 
 def _record_attempts_without_grade(
@@ -288,6 +389,31 @@ def _as_recorded(results: list[dict], recorded: dict[str, dict] | None) -> list[
     return out
 
 
+PHASES = ("kernel start", "student cells", "tests", "kernel end")
+
+
+def time_line(grading: float, recording: float, timings: dict, results: list) -> str:
+    """Where the time went: the grader's start, the notebooks' phases (summed over the
+    workers: ``grade._phases``), recording and feedback (summed over their workers)."""
+    phases = {name: 0.0 for name in PHASES}
+    for r in results:
+        for name, seconds in (r.get("phases") or {}).items():
+            phases[name] = phases.get(name, 0.0) + seconds
+    line = f"time: {grading:.1f} s grading"
+    if "start" in timings:
+        line += f" (start {timings['start']:.1f} s; summed over the notebooks: "
+        line += ", ".join(f"{name} {s:.1f} s" for name, s in phases.items()) + ")"
+    line += f", {recording:.1f} s recording in the gradebook"
+    if timings.get("workers"):
+        steps = [
+            f"{name} {timings[name]:.1f} s"
+            for name in ("autograde", "generate_feedback")
+            if name in timings
+        ]
+        line += f" on {timings['workers']} worker(s) ({', '.join(steps)}, summed)"
+    return line
+
+
 def summary(
     results: list[dict],
     slowest: int = 5,
@@ -359,3 +485,7 @@ def course_root(path: Path | None) -> Path:
             f"{root} is not an nbgrader course root (no nbgrader_config.py)"
         )
     return root
+
+
+if __name__ == "__main__":  # in the course root: enter ASSIGNMENT (``Entering``)
+    sys.exit(enter_assignment(Path.cwd(), sys.argv[1], in_process=True))

@@ -11,7 +11,7 @@ import os
 import signal
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import nbformat
@@ -99,6 +99,9 @@ class Run:
     )
     start_failed: str | None = None  # why the kernel never ran a cell (not the student)
     grader_fault: str | None = None  # the grader failed while the tests ran: no grade
+    # when the first student cell and the probe started, and when the run ended
+    # (time.perf_counter()), for the benchmark's "where the time goes"
+    marks: dict[str, float] = field(default_factory=dict)
 
 
 def run_notebook(
@@ -126,10 +129,10 @@ def run_notebook(
     client, current = _client(
         student + probes, len(student), km, workdir, limits, probe_time
     )
+    run = Run(errors=[])
     # opened as the probe's setup cell starts: the student's cells have all run, and the
     # kernel is not yet forking the tests' process
-    client.on_cell_start = _start_window_at(len(student), current, window)
-    run = Run(errors=[])
+    client.on_cell_start = _start_window_at(len(student), current, window, run.marks)
     # A cell that ignores interrupts cannot outlast this: the kernel is shut down.
     hard_stop = limits.notebook + probe_time + limits.startup + 30
     watchdog = threading.Timer(hard_stop, lambda: kill_kernel(km))
@@ -150,6 +153,7 @@ def run_notebook(
         else:
             run.errors.append(f"the notebook could not be run: {why}")
     finally:
+        run.marks["end"] = time.perf_counter()
         watchdog.cancel()
         atexit.unregister(client._cleanup_kernel)  # we end the kernel ourselves
         _close_client(client)
@@ -167,13 +171,17 @@ def run_notebook(
     return got, run
 
 
-def _start_window_at(index: int, current: dict, window: SealedWindow):
-    """nbclient's cell-start hook: note the cell, and open the window when the probe's
-    setup cell (``index``) starts: the student's cells have all run."""
+def _start_window_at(index: int, current: dict, window: SealedWindow, marks: dict):
+    """nbclient's cell-start hook: note the cell (and when the first cell and the
+    probe started, in ``marks``), and open the window when the probe's setup cell
+    (``index``) starts: the student's cells have all run."""
 
     def on_cell_start(cell, cell_index):
         current["index"] = cell_index
+        if cell_index == 0:
+            marks["cells"] = time.perf_counter()
         if cell_index == index:
+            marks["tests"] = time.perf_counter()
             window.open()
 
     return on_cell_start

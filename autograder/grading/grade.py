@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import ast
 import copy
-import hashlib
-import json
 import secrets
 import threading
 import time
@@ -32,10 +30,11 @@ from autograder.grading.prepare import PreparedTest, prepare
 from autograder.grading.provenance import stamp
 from autograder.grading.sandbox import KernelEnd, Sandbox, Unsandboxed
 from autograder.grading.spec import ChapterTests, graded_chapters, load_chapter_tests
-from autograder.grading.student_code import (
+from autograder.grading.student_code import (  # noqa: F401 (grading_key: also found here)
     StudentCode,
     course_cells,
     demo_sources,
+    grading_key,
     is_course_cell,
     is_test_cell,
 )
@@ -79,22 +78,6 @@ def detect_chapter(grade_ids: set, names: set[str]) -> str | None:
         if score > best_score:
             best, best_score = chapter, score
     return best
-
-
-def grading_key(nb) -> str:
-    """A fingerprint of all that grading reads from a notebook: its cells' kinds, the
-    sources of every cell but the test cells (which are never run), and which cells are
-    test cells. Outputs, ids and other metadata do not count."""
-    cells = [
-        (
-            c.get("cell_type"),
-            "" if is_test_cell(c) else c.get("source", ""),
-            is_test_cell(c),
-            c.get("metadata", {}).get("nbgrader", {}).get("grade_id"),
-        )
-        for c in nb.cells
-    ]
-    return hashlib.sha256(json.dumps(cells).encode()).hexdigest()
 
 
 class GraderFault(Exception):
@@ -254,6 +237,7 @@ def _grade_notebook(path, assignment, seed, limits, sandbox, retry, batch) -> di
             )
     result["tests"] = [v.as_json() for v in verdicts]
     result["score"] = float(sum(v.score for v in verdicts))
+    result["phases"] = _phases(run.marks)  # where its time went (the benchmark's sums)
     result["peak_mb"] = end.peak_mb  # the most its processes held together, if watched
     if run.died_in_cell is not None or run.died_in_test:
         notes.append(_missing_reason(run, end))
@@ -345,11 +329,13 @@ def _grade(
 ) -> tuple[list[Verdict], Run, KernelEnd]:
     nb = restored(nb, tests.chapter)
     prepared = batch.prepared(tests, seed)
+    started = time.perf_counter()
     with sandbox.kernel() as (km, workdir):
         got, run = run_notebook(
             nb, prepared, km, workdir, limits, demo_sources(tests.chapter)
         )
         end = sandbox.end(km, workdir)
+    run.marks.update(started=started, ended=time.perf_counter())
     batch.record_start(run.start_failed)
     if run.start_failed:
         raise GraderFault(
@@ -372,6 +358,20 @@ def _grade(
     return verdicts, run, end
 
 
+def _phases(marks: dict[str, float]) -> dict[str, float]:
+    """Seconds of one notebook's run (``Run.marks``): the kernel's start (until its
+    first cell), the student's cells, the hidden tests (the probe), the kernel's end."""
+    end = marks.get("end", marks["ended"])
+    tests = marks.get("tests", end)
+    cells = marks.get("cells", tests)
+    return {
+        "kernel start": round(cells - marks["started"], 3),
+        "student cells": round(tests - cells, 3),
+        "tests": round(end - tests, 3),
+        "kernel end": round(marks["ended"] - end, 3),
+    }
+
+
 def grade_many(
     paths: list[Path],
     assignment: str | None = None,
@@ -380,15 +380,18 @@ def grade_many(
     limits: Limits | None = None,
     sandboxed: bool = True,
     on_result: Callable[[dict], None] | None = None,
+    timings: dict | None = None,
 ) -> Iterator[dict]:
     """Grade notebooks ``jobs`` at a time, each in a fresh kernel forked from one warm
     sandbox, after proving the sandbox on a canary; yields results in the order of
     ``paths``. A notebook whose run a grader fault spoiled is graded again once, alone,
     after the others. ``on_result`` is called with each result as it is made (a
-    progress bar). Raises ``SandboxUnavailable`` (nothing graded) when the canary
-    fails."""
+    progress bar). ``timings`` (if given) gets ``start``: the seconds before the first
+    notebook starts (the references loaded, the sandbox started and proven). Raises
+    ``SandboxUnavailable`` (nothing graded) when the canary fails."""
     from autograder.grading.preflight import prove
 
+    started = time.perf_counter()
     seed = secrets.randbits(32) if seed is None else seed
     limits = limits or Limits()
     # Import every chapter's tests and reference here, once, before the workers start:
@@ -401,6 +404,8 @@ def grade_many(
         if sandboxed:  # unjailed, the canary's promises (the course hidden) cannot hold
             prove(sandbox, limits)
         batch = Batch(sandbox, seed, limits)
+        if timings is not None:
+            timings["start"] = time.perf_counter() - started
         with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
             futures = {
                 pool.submit(

@@ -21,7 +21,7 @@ go into the table ``autograder_verdicts`` (``verdict_record.py``) for the class 
 ``python -m autograder autograde`` (``autograde.py``) grades a whole class in parallel
 first and then runs ``nbgrader autograde`` with the results in a file named by the
 environment variable ``AUTOGRADER_VERDICTS``: a submission whose restored cells are the
-ones graded there (the same :func:`~autograder.grading.grade.grading_key`) is recorded from the
+ones graded there (the same :func:`~autograder.grading.student_code.grading_key`) is recorded from the
 file, not run again; any other is graded here as usual.
 
 :func:`run_hidden_test` is what those test cells would run under nbgrader's own
@@ -128,7 +128,7 @@ class SandboxedExecute(NbGraderPreprocessor):
     ).tag(config=True)
 
     def preprocess(self, nb, resources):
-        from autograder.grading.grade import grading_key
+        from autograder.grading.student_code import grading_key  # light: no torch
 
         assignment = resources["nbgrader"]["assignment"]
         student = resources["nbgrader"].get("student")

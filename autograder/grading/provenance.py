@@ -128,7 +128,8 @@ def record_in_gradebook(
     path = db_path(db_url)
     if path is None:
         return
-    with sqlite3.connect(path) as db:
+    # several recording workers write at once: wait for the others' short writes
+    with sqlite3.connect(path, timeout=60) as db:
         db.execute(
             f"CREATE TABLE IF NOT EXISTS {TABLE} (assignment TEXT NOT NULL, "
             "student TEXT NOT NULL, course_version TEXT, digest TEXT, seed INTEGER, "

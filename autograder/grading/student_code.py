@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import copy
 import functools
+import hashlib
+import json
 from dataclasses import dataclass, field
 
 import nbformat
@@ -90,3 +92,19 @@ class StudentCode:
             and c.source not in unchanged
         ]
         return cls(cells, given)
+
+
+def grading_key(nb) -> str:
+    """A fingerprint of all that grading reads from a notebook: its cells' kinds, the
+    sources of every cell but the test cells (which are never run), and which cells are
+    test cells. Outputs, ids and other metadata do not count."""
+    cells = [
+        (
+            c.get("cell_type"),
+            "" if is_test_cell(c) else c.get("source", ""),
+            is_test_cell(c),
+            c.get("metadata", {}).get("nbgrader", {}).get("grade_id"),
+        )
+        for c in nb.cells
+    ]
+    return hashlib.sha256(json.dumps(cells).encode()).hexdigest()

@@ -1,0 +1,90 @@
+"""nbgrader's own commands, one after another in one process, each exactly as ``nbgrader
+CMD ...`` runs it::
+
+    python -m autograder.grading.nbgrader_steps [--timings FILE] CMD ARGS... [--then CMD ARGS...]
+
+Run in the course root (nbgrader reads its ``nbgrader_config.py`` there). ``python -m
+autograder autograde`` starts one per worker: ``autograde`` over the worker's part of the
+class, then, with ``--feedback``, ``generate_feedback`` over the same part; so Python and
+nbgrader start once per worker, not once per command. Each command runs as nbgrader's own
+test suite runs it in one process (``NbGraderApp.initialize``, ``start``, ``reset``).
+
+A later command still runs after one that exits 1 (nbgrader's status when one notebook of
+many could not be read: the others were recorded); none runs after status 3 (the jail
+cannot start: nothing was recorded). Exits with the largest status. ``--timings`` writes
+each command's seconds there (JSON) for the command's summary.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import sys
+import time
+
+THEN = "--then"
+JAIL_CANNOT_START = 3
+
+
+def steps(argv: list[str]) -> list[list[str]]:
+    """``argv`` split at each ``--then``: one nbgrader command line per step."""
+    out = [[]]
+    for arg in argv:
+        if arg == THEN:
+            out.append([])
+        else:
+            out[-1].append(arg)
+    return [step for step in out if step]
+
+
+def run_step(args: list[str]) -> int:
+    """One nbgrader command in this process; its exit status."""
+    from jupyter_core.application import NoStart
+    from nbgrader.apps import NbGraderApp
+
+    app = NbGraderApp.instance()
+    try:
+        app.initialize(args)
+        app.start()
+        status = 0
+    except NoStart:  # how a Jupyter application says its subcommand ran
+        status = 0
+    except SystemExit as exc:
+        code = exc.code
+        status = code if isinstance(code, int) else (0 if code is None else 1)
+    finally:
+        app.reset()
+    return status
+
+
+def main(argv: list[str]) -> int:
+    timings_file = None
+    if argv[:1] == ["--timings"]:
+        timings_file, argv = argv[1], argv[2:]
+    status, timings = 0, []
+    for args in steps(argv):
+        started = time.perf_counter()
+        step_status = run_step(args)
+        timings.append((args[0], round(time.perf_counter() - started, 3)))
+        status = max(status, step_status)
+        if step_status == JAIL_CANNOT_START:
+            break
+    if timings_file:
+        with open(timings_file, "w") as f:
+            json.dump(timings, f)
+    return status
+
+
+def exit_now(status: int) -> None:
+    """End the process with ``status`` once its exit handlers have run and its output is
+    flushed, without tearing down every module (about half a second after nbgrader,
+    SQLAlchemy and bleach: on the critical path of every worker)."""
+    atexit._run_exitfuncs()  # a sandbox this worker started is closed, temp files go
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
+
+
+if __name__ == "__main__":
+    exit_now(main(sys.argv[1:]))
