@@ -21,6 +21,8 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pytest
+
 # What every user's environment holds: nothing of the test process's (its PYTHONPATH,
 # its HOME), as after a login.
 BIN = os.path.dirname(sys.executable)
@@ -31,6 +33,16 @@ def missing_tools() -> list[str]:
     return [
         t for t in ("useradd", "userdel", "runuser", "unshare") if not shutil.which(t)
     ]
+
+
+# The marks of a test that sets up a course on this machine with real unix users
+ON_THIS_MACHINE = [
+    pytest.mark.slow,
+    pytest.mark.skipif(os.geteuid() != 0, reason="creates unix users: needs root"),
+    pytest.mark.skipif(
+        bool(missing_tools()), reason=f"needs {', '.join(missing_tools())}"
+    ),
+]
 
 
 def _closed_ancestor(path: Path) -> Path | None:

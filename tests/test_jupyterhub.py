@@ -31,10 +31,10 @@ from nbgrader.api import Gradebook
 
 from autograder import paths
 from tests.shared_machine import (
+    ON_THIS_MACHINE,
     CourseOnMachine,
     Users,
     copy_working_tree,
-    missing_tools,
 )
 from tests.test_shared_machine import (
     CHAPTER,
@@ -48,11 +48,7 @@ from tests.test_shared_machine import (
 )
 
 pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(os.geteuid() != 0, reason="creates unix users: needs root"),
-    pytest.mark.skipif(
-        bool(missing_tools()), reason=f"needs {', '.join(missing_tools())}"
-    ),
+    *ON_THIS_MACHINE,
     pytest.mark.skipif(
         not shutil.which("npm") and not shutil.which("configurable-http-proxy"),
         reason="needs configurable-http-proxy, or npm to install it",

@@ -31,19 +31,13 @@ from autograder import paths
 from autograder.grading.spec import load_chapter_tests
 from tests.notebooks import answers, release_notebook, source_notebook
 from tests.shared_machine import (
+    ON_THIS_MACHINE,
     CourseOnMachine,
     Users,
     copy_working_tree,
-    missing_tools,
 )
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(os.geteuid() != 0, reason="creates unix users: needs root"),
-    pytest.mark.skipif(
-        bool(missing_tools()), reason=f"needs {', '.join(missing_tools())}"
-    ),
-]
+pytestmark = ON_THIS_MACHINE
 
 CHAPTER = "03_self_attention"
 COURSE = "attention-course"

@@ -5,7 +5,7 @@ Two steps. First every collected submission that ``nbgrader autograde`` would gr
 graded by one warm sandbox on ``jobs`` workers (``grade.grade_many``: the hidden tests'
 inputs and the reference's outputs are drawn once for the batch). The results go to a file
 of JSON lines, one per student, each with the fingerprint of the cells it graded
-(``grade.grading_key``). Then nbgrader's own ``nbgrader autograde`` runs over the same
+(``student_code.grading_key``). Then nbgrader's own ``nbgrader autograde`` runs over the same
 submissions with that file (``nbgrader_bridge.VERDICTS``): it restores the locked cells
 from the source, writes the ``autograded/`` copies, records scores, timestamps and late
 penalties as it always does, and takes each verdict from the file instead of running the
@@ -79,7 +79,8 @@ def grade_class(
     import nbformat
     from tqdm import tqdm
 
-    from autograder.grading.grade import grade_many, grading_key, restored
+    from autograder.grading.grade import grade_many, restored
+    from autograder.grading.student_code import grading_key
 
     students = list(notebooks)
     bar = tqdm(

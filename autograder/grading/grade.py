@@ -30,13 +30,11 @@ from autograder.grading.prepare import PreparedTest, prepare
 from autograder.grading.provenance import stamp
 from autograder.grading.sandbox import KernelEnd, Sandbox, Unsandboxed
 from autograder.grading.spec import ChapterTests, graded_chapters, load_chapter_tests
-from autograder.grading.student_code import (  # noqa: F401 (grading_key: also found here)
+from autograder.grading.student_code import (
     StudentCode,
     course_cells,
     demo_sources,
-    grading_key,
     is_course_cell,
-    is_test_cell,
 )
 
 
