@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -308,16 +309,27 @@ def generate_release(chapter: str, root: Path) -> None:
 def build(
     root: Path = paths.COURSE_ROOT, chapters: list[str] | None = None
 ) -> list[Path]:
-    """Write source and release notebooks under the course root ``root``; returns them."""
+    """Write source and release notebooks under the course root ``root``; returns them.
+
+    Each chapter is generated in a scratch course root first (nbgrader's --force empties
+    the release folder before it writes), and its notebooks replace the ones in ``root``
+    only once both exist: a build that fails leaves every derived file as it was."""
     written = []
     for chapter in chapters or graded_chapters():
         tests = load_chapter_tests(chapter)
-        _write(source_notebook(chapter, tests), paths.nbgrader_source(chapter, root))
-        generate_release(chapter, root)
-        written += [
-            paths.nbgrader_source(chapter, root),
-            paths.release_notebook(chapter, root),
-        ]
+        with tempfile.TemporaryDirectory() as tmp:
+            scratch = Path(tmp)
+            shutil.copy(paths.COURSE_ROOT / "nbgrader_config.py", scratch)
+            _write(
+                source_notebook(chapter, tests), paths.nbgrader_source(chapter, scratch)
+            )
+            generate_release(chapter, scratch)
+            for where in (paths.nbgrader_source, paths.release_notebook):
+                target = where(chapter, root)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(where(chapter, scratch), target.with_suffix(".part"))
+                os.replace(target.with_suffix(".part"), target)
+                written.append(target)
     return written
 
 
@@ -329,7 +341,6 @@ def stale_files() -> list[str]:
     """Committed derived notebooks that differ from a fresh build (empty when all are fresh)."""
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        shutil.copy(paths.COURSE_ROOT / "nbgrader_config.py", root)
         stale = []
         for fresh in build(root):
             committed = paths.COURSE_ROOT / fresh.relative_to(root)

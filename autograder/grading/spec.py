@@ -119,6 +119,11 @@ class HiddenTest:
     # PyTorch features the exercise must not delegate to: keys of
     # autograder.grading.delegation.FEATURES (e.g. "sdpa", "mha")
     forbidden: tuple[str, ...] = ()
+    # For a module exercise whose answer is a discrete choice (an argmax): True when the
+    # reference, loaded with a case's drawn weights, decides every choice by a margin that
+    # round-off cannot flip. Weights that fail are drawn again, so a correct answer never
+    # loses a point to a near-tie (prepare.prepare).
+    decisive: Callable[[Any, Case], bool] | None = None
 
     def __post_init__(self) -> None:
         if self.level not in LEVELS:

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import torch
 
-from autograder.grading import probe
+from autograder.grading import probe, result_reader
 
 _POLL = 0.005  # seconds between two looks at the kernel's processes
 _SPARE = 64 * 2**20  # free disk below which a missing result may be the grader's fault
@@ -169,7 +169,7 @@ def thaw(pids: set[int]) -> None:
 class SealedWindow(threading.Thread):
     """Runs beside nbclient while the kernel executes the probe cell (see the module's
     docstring). ``results`` holds each test's result file as bytes (None where none
-    came), ``problem`` says why there were none."""
+    came, a message where it could not be read), ``problem`` says why there were none."""
 
     def __init__(
         self,
@@ -183,7 +183,7 @@ class SealedWindow(threading.Thread):
         super().__init__(daemon=True)
         self.kernel_pid, self.folder, self.plans = kernel_pid, Path(folder), plans
         self.seconds, self.wait, self.max_bytes = seconds, wait, max_bytes
-        self.results: list[bytes | None] = [None] * len(plans["tests"])
+        self.results: list[bytes | str | None] = [None] * len(plans["tests"])
         self.problem: str | None = None
         # the grader's own failure: the notebook gets no grade
         self.fault: str | None = None
@@ -256,6 +256,8 @@ class SealedWindow(threading.Thread):
     def _hand_over(self, child: int) -> None:
         """Write the plans for ``child`` and wait for it to finish (killed past its
         time: each test's limit, and a little more)."""
+        for stale in self.folder.glob("result_*"):  # left by the cells: no test ran yet
+            stale.unlink(missing_ok=True)
         partial = self.folder / (probe.PLANS + ".part")
         torch.save(self.plans, partial)
         partial.rename(self.folder / probe.PLANS)
@@ -278,15 +280,13 @@ class SealedWindow(threading.Thread):
             os.close(fd)
 
     def _collect(self) -> None:
-        """Read each result file (at most ``max_bytes``), then delete what the window
+        """Read each result file (all of them together at most ``max_bytes``), then delete what the window
         wrote or received: nothing stays for the thawed processes to read or change."""
+        budget = result_reader.Budget(self.max_bytes)  # all the tests' files together
         for i in range(len(self.results)):
-            path = self.folder / probe.result_name(i)
-            try:
-                if path.stat().st_size <= self.max_bytes:
-                    self.results[i] = path.read_bytes()
-            except OSError:
-                pass
+            self.results[i] = result_reader.read_file(
+                self.folder / probe.result_name(i), budget
+            )
         free = os.statvfs(self.folder)
         if None in self.results and free.f_bavail * free.f_frsize < _SPARE:
             self.fault = f"the disk that holds {self.folder.parent} is full"
