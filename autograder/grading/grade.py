@@ -370,6 +370,22 @@ def _phases(marks: dict[str, float]) -> dict[str, float]:
     }
 
 
+def _finish_started(futures, reported, on_result) -> None:
+    """After a stop: cancel the notebooks not started, wait for those being graded and
+    report each one graded (not one a grader fault spoiled)."""
+    for future in futures:
+        future.cancel()
+    for future in futures:
+        if future.cancelled() or future in reported:
+            continue
+        try:
+            result = future.result()
+        except Exception:  # noqa: BLE001 (no result: graded again on the next run)
+            continue
+        if on_result is not None and "fault" not in result:
+            on_result(result)
+
+
 def grade_many(
     paths: list[Path],
     assignment: str | None = None,
@@ -412,10 +428,20 @@ def grade_many(
                 for i, p in enumerate(paths)
             }
             results = [None] * len(paths)
-            for future in as_completed(futures):
-                results[futures[future]] = result = future.result()
-                if on_result is not None and "fault" not in result:
-                    on_result(result)
+            reported = set()
+            try:
+                for future in as_completed(futures):
+                    results[futures[future]] = result = future.result()
+                    if on_result is not None and "fault" not in result:
+                        on_result(result)
+                    reported.add(future)
+            except BaseException:
+                # stopped (Ctrl-C, SIGTERM): the notebooks not started are not graded;
+                # those being graded finish (their kernels run in a session of their
+                # own, untouched by the signal) and are reported, so nothing finished
+                # is lost
+                _finish_started(futures, reported, on_result)
+                raise
         for i, first in enumerate(results):
             if "fault" not in first:
                 continue
