@@ -135,9 +135,10 @@ def _autograde(args) -> int:
     with ag.stop_on_signals():
         try:
             return run.run()
-        except ag.Stopped as stop:
-            run.stopped(stop)
-            return stop.status
+        except KeyboardInterrupt as stop:  # SIGINT or SIGTERM (ag.Stopped)
+            name, status = ag.stopped_by(stop)
+            run.stopped(name)
+            return status
 
 
 class _ClassRun:
@@ -315,17 +316,18 @@ def _merge(args) -> int:
             status = ag.record(
                 root, args.assignment, left, True, args.jobs, args.feedback
             )
-        except ag.Stopped as stop:
+        except KeyboardInterrupt as stop:  # SIGINT or SIGTERM (ag.Stopped)
+            name, status = ag.stopped_by(stop)
             _, already = ag.recorded_already(
                 root, args.assignment, results, args.feedback
             )
             print(
-                f"[autograder] merge stopped by {stop}: {len(already)} student(s) "
+                f"[autograder] merge stopped by {name}: {len(already)} student(s) "
                 f"recorded, {len(results) - len(already)} left; run the same merge "
                 "again to go on (it records only those left)",
                 file=sys.stderr,
             )
-            return stop.status
+            return status
     scores = ag.recorded_scores(root, args.assignment)
     print(ag.summary(results, previous=previous, recorded=scores))
     _report_not_autograded(root, args.assignment, results)

@@ -154,9 +154,32 @@ class Stopped(KeyboardInterrupt):
         super().__init__(signal.Signals(signum).name)
         self.signum = signum
 
-    @property
-    def status(self) -> int:
-        return 128 + self.signum  # 130, 143: as a shell reports the signal
+
+def stopped_by(stop: KeyboardInterrupt) -> tuple[str, int]:
+    """The signal's name and the exit status (130, 143: as a shell reports the signal).
+    A plain KeyboardInterrupt is SIGINT: nbclient, starting the canary kernel in the
+    main thread, puts Python's own SIGINT handler back in place of ours."""
+    signum = getattr(stop, "signum", signal.SIGINT)
+    return signal.Signals(signum).name, 128 + signum
+
+
+_STOPPING = {"armed": False}
+
+
+def _stop(signum, frame):
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_DFL)
+    _STOPPING["armed"] = False
+    raise Stopped(signum)
+
+
+def keep_stop_handlers() -> None:
+    """Put :func:`stop_on_signals`' handlers back where something replaced them:
+    nbclient, starting the grader's canary kernel in the main thread, leaves Python's
+    defaults behind (SIGTERM would kill the run on the spot)."""
+    if _STOPPING["armed"]:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, _stop)
 
 
 @contextmanager
@@ -164,18 +187,13 @@ def stop_on_signals():
     """SIGINT and SIGTERM raise :class:`Stopped` (a KeyboardInterrupt) in the main
     thread: the run stops cleanly, keeping what it finished. A second signal ends it at
     once (nothing is lost: the journal is on disk)."""
-
-    def stop(signum, frame):
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, signal.SIG_DFL)
-        raise Stopped(signum)
-
     before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-    for sig in before:
-        signal.signal(sig, stop)
+    _STOPPING["armed"] = True
+    keep_stop_handlers()
     try:
         yield
     finally:
+        _STOPPING["armed"] = False
         for sig, handler in before.items():
             signal.signal(sig, handler)
 
@@ -228,7 +246,7 @@ def grade_class(
         results = list(
             grade_many(
                 [notebooks[s] for s in students], assignment, jobs, seed, limits,
-                on_result=graded_one, timings=timings,
+                on_result=graded_one, timings=timings, on_start=keep_stop_handlers,
             )
         )  # fmt: skip
     finally:
@@ -354,6 +372,11 @@ class Journal:
         """The run completed: nothing left to keep."""
         self.close()
         self.path.unlink(missing_ok=True)
+        if self.path.parent.name == "runs":  # the course root's, when nothing is left
+            try:
+                self.path.parent.rmdir()
+            except OSError:
+                pass
 
 
 def _kinds(result: dict) -> dict[str, bool]:

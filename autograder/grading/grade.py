@@ -395,13 +395,15 @@ def grade_many(
     sandboxed: bool = True,
     on_result: Callable[[dict], None] | None = None,
     timings: dict | None = None,
+    on_start: Callable[[], None] | None = None,
 ) -> Iterator[dict]:
     """Grade notebooks ``jobs`` at a time, each in a fresh kernel forked from one warm
     sandbox, after proving the sandbox on a canary; yields results in the order of
     ``paths``. A notebook whose run a grader fault spoiled is graded again once, alone,
     after the others. ``on_result`` is called with each result as it is made (a
     progress bar). ``timings`` (if given) gets ``start``: the seconds before the first
-    notebook starts (the references loaded, the sandbox started and proven). Raises
+    notebook starts (the references loaded, the sandbox started and proven);
+    ``on_start`` is called then (the class run puts its signal handlers back). Raises
     ``SandboxUnavailable`` (nothing graded) when the canary fails."""
     from autograder.grading.preflight import prove
 
@@ -420,6 +422,8 @@ def grade_many(
         batch = Batch(sandbox, seed, limits)
         if timings is not None:
             timings["start"] = time.perf_counter() - started
+        if on_start is not None:
+            on_start()
         with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
             futures = {
                 pool.submit(

@@ -117,14 +117,16 @@ def main(argv: list[str]) -> int:
         started = time.perf_counter()
         try:
             step_status = run_step(args)
-        except Stopped as stop:
+        except KeyboardInterrupt as stop:  # Stopped, or SIGINT where nbclient put
+            # Python's own handler back (a notebook graded in this process)
+            signum = getattr(stop, "signum", signal.SIGINT)
             print(
-                f"[autograder] recording worker stopped ({stop}): the student it was "
-                "recording is recorded again on the next run",
+                f"[autograder] recording worker stopped ({signal.Signals(signum).name}): "
+                "the student it was recording is recorded again on the next run",
                 file=sys.stderr,
                 flush=True,
             )
-            return 128 + stop.signum
+            return 128 + signum
         timings.append((args[0], round(time.perf_counter() - started, 3)))
         status = max(status, step_status)
         if step_status == JAIL_CANNOT_START:
