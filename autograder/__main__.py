@@ -148,7 +148,7 @@ class _ClassRun:
     def __init__(self, args, root, shard):
         self.args, self.root, self.shard = args, root, shard
         self.journal, self.kept, self.notebooks, self.results = None, {}, {}, None
-        self.recording = False
+        self.recording, self.pages = False, []
 
     def run(self) -> int:
         from autograder.grading import autograde as ag
@@ -163,11 +163,14 @@ class _ClassRun:
             self.journal = ag.Journal(ag.journal_path(root, args.assignment))
             everyone = ag.submissions(root, args.assignment, args.student, True)
             kept = self.journal.kept(everyone, args.assignment, args.seed, limits)
-            to_record, already = ag.plan(
+            to_record, already, self.pages = ag.plan(
                 root, args.assignment, args.student, args.force, args.feedback, kept
             )
             self.kept = {s: r for s, r in kept.items() if s in to_record}
-            head = f"{len(already)} already recorded, "
+            head = ag.progress_line(already, self.pages) + ", "
+            # the journal goes on with every verdict that still holds, those recorded
+            # included (their page may be left to write)
+            carried = list(kept.values())
         else:
             to_record = {
                 s: p
@@ -178,7 +181,7 @@ class _ClassRun:
             }
             self.journal = ag.Journal(_partial(self._results_path()))
             self.kept = self.journal.kept(to_record, args.assignment, args.seed, limits)
-            head = ""
+            head, carried = "", list(self.kept.values())
         self.notebooks = {s: p for s, p in to_record.items() if s not in self.kept}
         kept = f"{len(self.kept)} graded before a stop (kept), " if self.kept else ""
         print(
@@ -187,7 +190,7 @@ class _ClassRun:
             + (f", shard {shard[0]} of {shard[1]}" if shard else ""),
             file=sys.stderr,
         )
-        self.journal.start(list(self.kept.values()))
+        self.journal.start(carried)
         started, timings = time.perf_counter(), {}
         try:
             graded_now = ag.grade_class(
@@ -226,7 +229,7 @@ class _ClassRun:
             self.recording = True
             status = ag.record(
                 root, args.assignment, results, True, args.jobs, args.feedback,
-                timings,
+                timings, pages=self.pages,
             )  # fmt: skip
             self.recording = False
             self.journal.discard()  # completed: every verdict is in the gradebook
@@ -265,7 +268,7 @@ class _ClassRun:
                 file=sys.stderr,
             )
             return
-        _, done = ag.recorded_already(
+        _, done, _ = ag.recorded_already(
             self.root, self.args.assignment, list(kept.values()), self.args.feedback
         )
         print(
@@ -305,20 +308,21 @@ def _merge(args) -> int:
             if ag.enter_assignment(root, args.assignment) != 0:
                 return 1
             previous = ag.previous_provenance(root, args.assignment)
-            left, already = ag.recorded_already(
+            left, already, pages = ag.recorded_already(
                 root, args.assignment, results, args.feedback
             )
             print(
-                f"[autograder] {args.assignment}: {len(already)} already recorded, "
+                f"[autograder] {args.assignment}: {ag.progress_line(already, pages)}, "
                 f"{len(left)} to record",
                 file=sys.stderr,
             )
             status = ag.record(
-                root, args.assignment, left, True, args.jobs, args.feedback
-            )
+                root, args.assignment, left, True, args.jobs, args.feedback,
+                pages=pages,
+            )  # fmt: skip
         except KeyboardInterrupt as stop:  # SIGINT or SIGTERM (ag.Stopped)
             name, status = ag.stopped_by(stop)
-            _, already = ag.recorded_already(
+            _, already, _ = ag.recorded_already(
                 root, args.assignment, results, args.feedback
             )
             print(

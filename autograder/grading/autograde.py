@@ -90,28 +90,29 @@ def plan(
     force: bool,
     feedback: bool,
     kept: dict[str, dict],
-) -> tuple[dict[str, Path], list[str]]:
-    """``(to_record, already)``: the submitted notebook of each student to record now,
-    and the students whose recording is complete. A student is recorded when
-    nbgrader's recording of them completed (their completion mark, ``completion.py``,
-    for this very file) and nbgrader would skip them (not resubmitted since; ``force``:
-    never); one with a result ``kept`` from a stopped run, when that result is the one
-    recorded (and, with ``feedback``, their page written). Anyone else, a half record
-    included, is recorded again."""
+) -> tuple[dict[str, Path], list[str], list[str]]:
+    """``(to_record, already, pages)``: the submitted notebook of each student to
+    record now, the students whose recording is complete, and those of them whose
+    feedback page a stopped ``--feedback`` run did not write. A student is recorded
+    when nbgrader's recording of them completed (their completion mark,
+    ``completion.py``, for this very file) and nbgrader would skip them (not
+    resubmitted since; ``force``: never); one with a result ``kept`` from a stopped run,
+    when that result is the one recorded. Anyone else, a half record included, is
+    recorded again."""
     from autograder.grading import completion
 
     marks = completion.read(root / "gradebook.db", assignment)
     nbgrader_would = submissions(root, assignment, students, force)
-    to_record, already = {}, []
+    to_record, already, pages = {}, [], []
     for student, notebook in submissions(root, assignment, students, True).items():
         mark = marks.get(student)
         result = kept.get(student)
         if mark is None:
             done = False
         elif result is not None:
-            done = mark["result_id"] == result["result_id"] and (
-                not feedback or mark["feedback_at"] is not None
-            )
+            done = mark["result_id"] == result["result_id"]
+            if done and feedback and mark["feedback_at"] is None:
+                pages.append(student)
         else:
             done = student not in nbgrader_would and mark["submission_sha256"] in (
                 None,
@@ -121,30 +122,40 @@ def plan(
             already.append(student)
         else:
             to_record[student] = notebook
-    return to_record, already
+    return to_record, already, pages
 
 
 def recorded_already(
     root: Path, assignment: str, results: list[dict], feedback: bool
-) -> tuple[list[dict], list[str]]:
-    """``merge``: the results still to record, and the students recorded from the very
-    result given (a merge stopped and run again)."""
+) -> tuple[list[dict], list[str], list[str]]:
+    """``merge``: the results still to record, the students recorded from the very
+    result given (a merge stopped and run again), and those of them whose feedback
+    page is still to write."""
     from autograder.grading import completion
 
     marks = completion.read(root / "gradebook.db", assignment)
-    left, already = [], []
+    left, already, pages = [], [], []
     for r in results:
         mark = marks.get(r["student"])
         if (
             mark is not None
             and r.get("result_id")
             and mark["result_id"] == r["result_id"]
-            and (not feedback or mark["feedback_at"] is not None)
         ):
             already.append(r["student"])
+            if feedback and mark["feedback_at"] is None:
+                pages.append(r["student"])
         else:
             left.append(r)
-    return left, already
+    return left, already, pages
+
+
+def progress_line(already: list[str], pages: list[str]) -> str:
+    """``N already recorded`` (and how many of them still lack their feedback page)."""
+    line = f"{len(already)} already recorded"
+    if pages:
+        line += f" ({len(pages)} without their feedback page yet: written now)"
+    return line
 
 
 class Stopped(KeyboardInterrupt):
@@ -488,27 +499,32 @@ def record(
     jobs: int = 1,
     feedback: bool = False,
     timings: dict | None = None,
+    pages: list[str] = (),
 ) -> int:
     """Run ``nbgrader autograde`` over the graded students only, taking their verdicts
     from ``results``, on ``jobs`` workers at once (each a process of its own over a part
     of the class: ``nbgrader_steps``); with ``feedback``, each worker then runs
-    ``nbgrader generate_feedback --force`` over its part. Returns the largest exit
-    status; ``timings`` (if given) gets each step's seconds summed over the workers and
-    the workers' wall time."""
+    ``nbgrader generate_feedback --force`` over its part, and over its share of
+    ``pages`` (students recorded whose page a stop left unwritten). Returns the largest
+    exit status; ``timings`` (if given) gets each step's seconds summed over the workers
+    and the workers' wall time."""
     from autograder.grading.completion import ensure
 
     _record_attempts_without_grade(root, assignment, results)
     graded = sorted({r["student"] for r in results if r["graded"]})
+    pages = sorted(set(pages) - set(graded)) if feedback else []
     ensure(root / "gradebook.db")  # its completion marks (completion.py)
-    if not graded:
+    if not graded and not pages:
         return 0
     everyone = sorted(
         p.parent.name for p in (root / "submitted").glob(f"*/{assignment}")
     )
-    workers = max(1, min(jobs, len(graded)))
-    if workers > 1:
+    workers = max(1, min(jobs, len(graded) + len(pages)))
+    if workers > 1 and graded:
         _enter_students(root, graded)
-    parts = [graded[k::workers] for k in range(workers)]
+    shares = [(graded + pages)[k::workers] for k in range(workers)]
+    parts = [[s for s in share if s in graded] for share in shares]
+    page_parts = [[s for s in share if s not in graded] for share in shares]
     seeds = {r["seed"] for r in results}
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="verdicts-") as tmp:
@@ -516,21 +532,27 @@ def record(
         write_results([r for r in results if r["graded"]], verdicts)
         from autograder.grading.nbgrader_bridge import VERDICTS
 
+        def exclude(part):
+            others = sorted(set(everyone) - set(part))
+            if not others:
+                return []
+            return [f"--CourseDirectory.student_id_exclude={','.join(others)}"]
+
         processes = []
         for k, part in enumerate(parts):
-            others = sorted(set(everyone) - set(part))
-            exclude = (
-                [f"--CourseDirectory.student_id_exclude={','.join(others)}"]
-                if others
-                else []
-            )
-            # every student handed over is recorded, replacing any record it has:
-            # resubmitted, a half record a stop left, or all of them with ``force``
-            args = ["autograde", assignment, *exclude, "--force"]
-            if len(seeds) == 1:  # a notebook graded again there draws the same inputs
-                args.append(f"--SandboxedExecute.seed={next(iter(seeds))}")
+            args = []
+            if part:
+                # every student handed over is recorded, replacing any record it has:
+                # resubmitted, a half record a stop left, or all of them with ``force``
+                args = ["autograde", assignment, *exclude(part), "--force"]
+                if (
+                    len(seeds) == 1
+                ):  # a notebook graded again there draws the same inputs
+                    args.append(f"--SandboxedExecute.seed={next(iter(seeds))}")
             if feedback:  # the pages of the students just recorded, made again
-                args += ["--then", "generate_feedback", assignment, "--force", *exclude]
+                mine = part + page_parts[k]
+                args += ["--then", "generate_feedback", assignment, "--force"]
+                args += exclude(mine)
             processes.append(
                 subprocess.Popen(
                     [
