@@ -257,7 +257,8 @@ class _ClassRun:
 
         kept = self.journal.load() if self.journal else {}
         kept = {s: r for s, r in kept.items() if r.get("graded")}
-        left = len(set(self.notebooks) | set(self.kept)) - len(kept)
+        this_run = set(self.notebooks) | set(self.kept)
+        left = len(this_run - set(kept))
         where = self.journal.path if self.journal else None
         again = "run the same command again to go on"
         if self.results is None or self.shard is not None:

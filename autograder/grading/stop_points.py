@@ -11,7 +11,7 @@ Points: ``graded:N`` (the N-th verdict kept, ``autograde.grade_class``), ``grade
 (nbgrader entered S's submission, the grader wrote the provenance and verdicts, the
 scores are not saved yet: ``nbgrader_bridge``), ``notebook:S`` (S's scores are saved,
 half of the autograded notebook is written) and ``feedback:S`` (half of S's feedback page
-is written), both in ``nbgrader_steps``, ``feedback-begins:S`` (before S's page).
+is written), both in ``nbgrader_steps``.
 """
 
 from __future__ import annotations
