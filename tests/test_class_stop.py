@@ -258,11 +258,16 @@ def test_a_stopped_shard_and_a_stopped_merge_go_on(clean, tmp_path):
     shard = ("autograde", CHAPTER, "--shard", "1/1", "--seed", 7, "--jobs", 1,
              "--course-dir", root, "--results", results)  # fmt: skip
 
-    # a scheduler's SIGTERM to the shard's process alone, after its first verdict
+    # killed hard right after its first verdict: that verdict is on disk
+    _end(_start(*shard, stop_at="graded:1"), -9)
+    assert _lines(partial) == 1 and not results.exists()
+
+    # a scheduler's SIGTERM to the shard's process alone, after one more verdict
     run = _start(*shard)
-    _when(lambda: _lines(partial) >= 1, run)
+    _when(lambda: _lines(partial) >= 2, run)
     run.send_signal(signal.SIGTERM)
     _, err = _end(run, 143)
+    assert f"1 graded before a stop (kept), {len(SUBMISSIONS) - 1} to grade" in err
     assert "stopped by SIGTERM" in err, err[-3000:]
     assert not results.exists()  # merge never reads a stopped shard's results
     kept = _lines(partial)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import ast
 import copy
 import secrets
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -375,6 +376,14 @@ def _finish_started(futures, reported, on_result) -> None:
     report each one graded (not one a grader fault spoiled)."""
     for future in futures:
         future.cancel()
+    running = sum(not (f.cancelled() or f.done()) for f in futures)
+    if running:
+        print(
+            f"[autograder] stopping: {running} notebook(s) being graded finish first "
+            "(within their time limit); a second Ctrl-C stops at once",
+            file=sys.stderr,
+            flush=True,
+        )
     for future in futures:
         if future.cancelled() or future in reported:
             continue
