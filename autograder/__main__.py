@@ -148,7 +148,7 @@ class _ClassRun:
     def __init__(self, args, root, shard):
         self.args, self.root, self.shard = args, root, shard
         self.journal, self.kept, self.notebooks, self.results = None, {}, {}, None
-        self.recording, self.pages = False, []
+        self.pages = []
 
     def run(self) -> int:
         from autograder.grading import autograde as ag
@@ -226,12 +226,10 @@ class _ClassRun:
                 )
                 return 1
             previous = ag.previous_provenance(root, args.assignment)
-            self.recording = True
             status = ag.record(
                 root, args.assignment, results, True, args.jobs, args.feedback,
                 timings, pages=self.pages,
             )  # fmt: skip
-            self.recording = False
             self.journal.discard()  # completed: every verdict is in the gradebook
             scores = ag.recorded_scores(root, args.assignment)
         recorded = time.perf_counter()
