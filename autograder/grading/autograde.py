@@ -168,43 +168,30 @@ class Stopped(KeyboardInterrupt):
 
 def stopped_by(stop: KeyboardInterrupt) -> tuple[str, int]:
     """The signal's name and the exit status (130, 143: as a shell reports the signal).
-    A plain KeyboardInterrupt is SIGINT: nbclient, starting the canary kernel in the
-    main thread, puts Python's own SIGINT handler back in place of ours."""
+    A plain KeyboardInterrupt is SIGINT (Python's own handler: a second Ctrl-C, or one
+    that came where some library had put it back)."""
     signum = getattr(stop, "signum", signal.SIGINT)
     return signal.Signals(signum).name, 128 + signum
-
-
-_STOPPING = {"armed": False}
 
 
 def _stop(signum, frame):
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_DFL)
-    _STOPPING["armed"] = False
     raise Stopped(signum)
-
-
-def keep_stop_handlers() -> None:
-    """Put :func:`stop_on_signals`' handlers back where something replaced them:
-    nbclient, starting the grader's canary kernel in the main thread, leaves Python's
-    defaults behind (SIGTERM would kill the run on the spot)."""
-    if _STOPPING["armed"]:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(sig, _stop)
 
 
 @contextmanager
 def stop_on_signals():
     """SIGINT and SIGTERM raise :class:`Stopped` (a KeyboardInterrupt) in the main
     thread: the run stops cleanly, keeping what it finished. A second signal ends it at
-    once (nothing is lost: the journal is on disk)."""
+    once (nothing is lost: the journal is on disk). The grader proves its jail in a
+    thread (``grade._in_a_thread``), so nbclient leaves these handlers alone."""
     before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-    _STOPPING["armed"] = True
-    keep_stop_handlers()
+    for sig in before:
+        signal.signal(sig, _stop)
     try:
         yield
     finally:
-        _STOPPING["armed"] = False
         for sig, handler in before.items():
             signal.signal(sig, handler)
 
@@ -257,7 +244,7 @@ def grade_class(
         results = list(
             grade_many(
                 [notebooks[s] for s in students], assignment, jobs, seed, limits,
-                on_result=graded_one, timings=timings, on_start=keep_stop_handlers,
+                on_result=graded_one, timings=timings,
             )
         )  # fmt: skip
     finally:

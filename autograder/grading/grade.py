@@ -371,6 +371,16 @@ def _phases(marks: dict[str, float]) -> dict[str, float]:
     }
 
 
+def _in_a_thread(function, *args):
+    """``function(*args)`` in a thread of its own, as every notebook is graded. In the
+    main thread nbclient takes SIGINT and SIGTERM over while the kernel starts and then
+    puts Python's defaults back: a Ctrl-C there would kill the canary (read as a jail
+    that cannot start), and the class run's handlers (``autograde.stop_on_signals``)
+    would be lost."""
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(function, *args).result()
+
+
 def _finish_started(futures, reported, on_result) -> None:
     """After a stop: cancel the notebooks not started, wait for those being graded and
     report each one graded (not one a grader fault spoiled)."""
@@ -404,15 +414,13 @@ def grade_many(
     sandboxed: bool = True,
     on_result: Callable[[dict], None] | None = None,
     timings: dict | None = None,
-    on_start: Callable[[], None] | None = None,
 ) -> Iterator[dict]:
     """Grade notebooks ``jobs`` at a time, each in a fresh kernel forked from one warm
     sandbox, after proving the sandbox on a canary; yields results in the order of
     ``paths``. A notebook whose run a grader fault spoiled is graded again once, alone,
     after the others. ``on_result`` is called with each result as it is made (a
     progress bar). ``timings`` (if given) gets ``start``: the seconds before the first
-    notebook starts (the references loaded, the sandbox started and proven);
-    ``on_start`` is called then (the class run puts its signal handlers back). Raises
+    notebook starts (the references loaded, the sandbox started and proven). Raises
     ``SandboxUnavailable`` (nothing graded) when the canary fails."""
     from autograder.grading.preflight import prove
 
@@ -427,12 +435,10 @@ def grade_many(
     sandbox = Sandbox(limits, hide=folders) if sandboxed else Unsandboxed(limits)
     with sandbox:
         if sandboxed:  # unjailed, the canary's promises (the course hidden) cannot hold
-            prove(sandbox, limits)
+            _in_a_thread(prove, sandbox, limits)
         batch = Batch(sandbox, seed, limits)
         if timings is not None:
             timings["start"] = time.perf_counter() - started
-        if on_start is not None:
-            on_start()
         with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
             futures = {
                 pool.submit(
