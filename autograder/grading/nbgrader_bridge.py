@@ -18,6 +18,12 @@ Each graded submission's provenance (the course version and the assignment's dig
 note at the top of the autograded notebook, so the feedback page shows it; its verdicts
 go into the table ``autograder_verdicts`` (``verdict_record.py``) for the class report.
 
+A student's recording is complete only once nbgrader's post-convert hook
+(:func:`recorded_hook`) writes their completion mark (``completion.py``), which the
+pre-convert hook deleted before nbgrader touched them; ``generate_feedback``'s hooks
+(:func:`feedback_hook`) do the same for the page. A stop in between leaves no mark, and
+``python -m autograder autograde`` records the student again.
+
 ``python -m autograder autograde`` (``autograde.py``) grades a whole class in parallel
 first and then runs ``nbgrader autograde`` with the results in a file named by the
 environment variable ``AUTOGRADER_VERDICTS``: a submission whose restored cells are the
