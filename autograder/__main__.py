@@ -118,7 +118,6 @@ def _grade(args) -> int:
 
 def _autograde(args) -> int:
     from autograder.grading import autograde as ag
-    from autograder.grading.sandbox import SandboxUnavailable
     from autograder.grading.spec import graded_chapters
 
     if args.assignment not in graded_chapters():
@@ -134,59 +133,158 @@ def _autograde(args) -> int:
             print("--shard takes K/N with 1 <= K <= N, e.g. 2/8", file=sys.stderr)
             return 2
         shard = (k, n)
-    entering = None
-    if shard is None:  # on the other core while the grader starts; needed to record
-        entering = ag.Entering(root, args.assignment)
-    notebooks = ag.submissions(root, args.assignment, args.student, args.force)
-    if shard is not None:
-        notebooks = {s: p for s, p in notebooks.items() if ag.in_shard(s, *shard)}
-    print(
-        f"[autograder] {len(notebooks)} submission(s) of {args.assignment} to grade "
-        f"with {args.jobs} job(s)"
-        + (f", shard {shard[0]} of {shard[1]}" if shard else ""),
-        file=sys.stderr,
-    )
-    started, timings = time.perf_counter(), {}
-    try:
-        results = ag.grade_class(
-            notebooks, args.assignment, args.jobs, args.seed, _limits(args),
-            timings=timings,
-        )  # fmt: skip
-    except SandboxUnavailable as exc:
-        print(f"{exc}", file=sys.stderr)
-        if entering is not None:
-            entering.result()
-        return 3
-    if args.results or shard is not None:
-        path = args.results or (
-            root / "shards" / f"{args.assignment}.shard-{shard[0]}-of-{shard[1]}.jsonl"
+    run = _ClassRun(args, root, shard)
+    with ag.stop_on_signals():
+        try:
+            return run.run()
+        except KeyboardInterrupt as stop:  # SIGINT or SIGTERM (ag.Stopped)
+            name, status = ag.stopped_by(stop)
+            run.stopped(name)
+            return status
+
+
+class _ClassRun:
+    """``autograde``: what is left to grade and record, graded (each verdict kept in the
+    journal as it comes), then recorded; on a stop, says what was kept and what is left."""
+
+    def __init__(self, args, root, shard):
+        self.args, self.root, self.shard = args, root, shard
+        self.journal, self.kept, self.notebooks, self.results = None, {}, {}, None
+        self.pages = []
+
+    def run(self) -> int:
+        from autograder.grading import autograde as ag
+        from autograder.grading.sandbox import SandboxUnavailable
+
+        args, root, shard = self.args, self.root, self.shard
+        entering = None
+        if shard is None:  # on the other core while the grader starts; needed to record
+            entering = ag.Entering(root, args.assignment)
+        limits = _limits(args)
+        if shard is None:
+            self.journal = ag.Journal(ag.journal_path(root, args.assignment))
+            everyone = ag.submissions(root, args.assignment, args.student, True)
+            kept = self.journal.kept(everyone, args.assignment, args.seed, limits)
+            to_record, already, self.pages = ag.plan(
+                root, args.assignment, args.student, args.force, args.feedback, kept
+            )
+            self.kept = {s: r for s, r in kept.items() if s in to_record}
+            head = ag.progress_line(already, self.pages) + ", "
+            # the journal goes on with every verdict that still holds, those recorded
+            # included (their page may be left to write)
+            carried = list(kept.values())
+        else:
+            to_record = {
+                s: p
+                for s, p in ag.submissions(
+                    root, args.assignment, args.student, args.force
+                ).items()
+                if ag.in_shard(s, *shard)
+            }
+            self.journal = ag.Journal(_partial(self._results_path()))
+            self.kept = self.journal.kept(to_record, args.assignment, args.seed, limits)
+            head, carried = "", list(self.kept.values())
+        self.notebooks = {s: p for s, p in to_record.items() if s not in self.kept}
+        kept = f"{len(self.kept)} graded before a stop (kept), " if self.kept else ""
+        print(
+            f"[autograder] {args.assignment}: {head}{kept}{len(self.notebooks)} to grade "
+            f"with {args.jobs} job(s)"
+            + (f", shard {shard[0]} of {shard[1]}" if shard else ""),
+            file=sys.stderr,
         )
-        ag.write_results(results, path)
-        print(f"[autograder] results written to {path}", file=sys.stderr)
-    graded = time.perf_counter()
-    status, previous, scores = 0, None, None
-    if shard is None:
-        if entering.result() != 0:
+        self.journal.start(carried)
+        started, timings = time.perf_counter(), {}
+        try:
+            graded_now = ag.grade_class(
+                self.notebooks, args.assignment, args.jobs, args.seed, limits,
+                timings=timings, journal=self.journal,
+            )  # fmt: skip
+        except SandboxUnavailable as exc:
+            print(f"{exc}", file=sys.stderr)
+            if entering is not None:
+                entering.result()
+            return 3
+        finally:
+            self.journal.close()
+        results = self.results = list(self.kept.values()) + graded_now
+        if shard is not None:
+            ag.write_results(results, self._results_path())
+            self.journal.discard()
             print(
-                f"[autograder] could not enter {args.assignment} in the gradebook "
-                "(nbgrader's log above says why): nothing recorded",
+                f"[autograder] results written to {self._results_path()}",
                 file=sys.stderr,
             )
+        elif args.results:
+            ag.write_results(results, args.results)
+            print(f"[autograder] results written to {args.results}", file=sys.stderr)
+        graded = time.perf_counter()
+        status, previous, scores = 0, None, None
+        if shard is None:
+            if entering.result() != 0:
+                print(
+                    f"[autograder] could not enter {args.assignment} in the gradebook "
+                    "(nbgrader's log above says why): nothing recorded",
+                    file=sys.stderr,
+                )
+                return 1
+            previous = ag.previous_provenance(root, args.assignment)
+            status = ag.record(
+                root, args.assignment, results, True, args.jobs, args.feedback,
+                timings, pages=self.pages,
+            )  # fmt: skip
+            self.journal.discard()  # completed: every verdict is in the gradebook
+            scores = ag.recorded_scores(root, args.assignment)
+        recorded = time.perf_counter()
+        print(ag.summary(results, previous=previous, recorded=scores))
+        if shard is None:
+            _report_not_autograded(root, args.assignment, results)
+        print(ag.time_line(graded - started, recorded - graded, timings, results))
+        if status:
             return 1
-        previous = ag.previous_provenance(root, args.assignment)
-        status = ag.record(
-            root, args.assignment, results, args.force, args.jobs, args.feedback,
-            timings,
-        )  # fmt: skip
-        scores = ag.recorded_scores(root, args.assignment)
-    recorded = time.perf_counter()
-    print(ag.summary(results, previous=previous, recorded=scores))
-    if shard is None:
-        _report_not_autograded(root, args.assignment, results)
-    print(ag.time_line(graded - started, recorded - graded, timings, results))
-    if status:
-        return 1
-    return 4 if any(not r["graded"] for r in results) else 0
+        return 4 if any(not r["graded"] for r in results) else 0
+
+    def _results_path(self):
+        args, shard = self.args, self.shard
+        return args.results or (
+            self.root
+            / "shards"
+            / f"{args.assignment}.shard-{shard[0]}-of-{shard[1]}.jsonl"
+        )
+
+    def stopped(self, stop) -> None:
+        """What a stop kept and what is left, for the instructor."""
+        from autograder.grading import autograde as ag
+
+        kept = self.journal.load() if self.journal else {}
+        kept = {s: r for s, r in kept.items() if r.get("graded")}
+        this_run = set(self.notebooks) | set(self.kept)
+        left = len(this_run - set(kept))
+        where = self.journal.path if self.journal else None
+        again = "run the same command again to go on"
+        if self.results is None or self.shard is not None:
+            print(
+                f"[autograder] stopped by {stop}: {len(kept)} verdict(s) kept in "
+                f"{where}, {left} submission(s) left to grade; {again} (it grades "
+                "only those left)",
+                file=sys.stderr,
+            )
+            return
+        _, done, _ = ag.recorded_already(
+            self.root, self.args.assignment, list(kept.values()), self.args.feedback
+        )
+        print(
+            f"[autograder] stopped by {stop} while recording: {len(kept)} verdict(s) "
+            f"kept in {where}, {len(done)} student(s) recorded, "
+            f"{len(kept) - len(done)} left to record; {again} (nothing is graded "
+            "again)",
+            file=sys.stderr,
+        )
+
+
+def _partial(path):
+    """Where a shard keeps its results while it runs: its results file is written
+    whole, at the end, so ``merge`` never reads a stopped shard's."""
+    return path.with_name(path.name + ".partial")
 
 
 def _report_not_autograded(root, assignment: str, results: list[dict]) -> None:
@@ -206,12 +304,35 @@ def _merge(args) -> int:
     results = [
         r for r in ag.read_results(args.results) if r["assignment"] == args.assignment
     ]
-    if ag.enter_assignment(root, args.assignment) != 0:
-        return 1
-    previous = ag.previous_provenance(root, args.assignment)
-    status = ag.record(
-        root, args.assignment, results, True, args.jobs, args.feedback
-    )  # fmt: skip
+    with ag.stop_on_signals():
+        try:
+            if ag.enter_assignment(root, args.assignment) != 0:
+                return 1
+            previous = ag.previous_provenance(root, args.assignment)
+            left, already, pages = ag.recorded_already(
+                root, args.assignment, results, args.feedback
+            )
+            print(
+                f"[autograder] {args.assignment}: {ag.progress_line(already, pages)}, "
+                f"{len(left)} to record",
+                file=sys.stderr,
+            )
+            status = ag.record(
+                root, args.assignment, left, True, args.jobs, args.feedback,
+                pages=pages,
+            )  # fmt: skip
+        except KeyboardInterrupt as stop:  # SIGINT or SIGTERM (ag.Stopped)
+            name, status = ag.stopped_by(stop)
+            _, already, _ = ag.recorded_already(
+                root, args.assignment, results, args.feedback
+            )
+            print(
+                f"[autograder] merge stopped by {name}: {len(already)} student(s) "
+                f"recorded, {len(results) - len(already)} left; run the same merge "
+                "again to go on (it records only those left)",
+                file=sys.stderr,
+            )
+            return status
     scores = ag.recorded_scores(root, args.assignment)
     print(ag.summary(results, previous=previous, recorded=scores))
     _report_not_autograded(root, args.assignment, results)

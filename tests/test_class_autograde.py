@@ -265,6 +265,15 @@ def test_only_an_edited_locked_cell_is_logged_as_changed(courses):
         assert CHECKSUM_CHANGED.findall(log) == ["course_utils"], log[-3000:]
 
 
+def test_no_sqlalchemy_warning_reads_like_an_error(courses):
+    """nbgrader 0.9 with SQLAlchemy 2 warned "Object of type <SubmittedAssignment> not
+    in session" for every new submission (harmless: the course config says why, and
+    filters exactly that): not in serial nbgrader's log, the class run's or a merge's."""
+    *_, run, merged, serial_run = courses
+    for log in (serial_run.stderr, run.stderr, merged.stderr):
+        assert "SAWarning" not in log and "not in session" not in log, log[-3000:]
+
+
 # Measures the verdict that names carol's mistake at 1280 px: the <pre> holding it and
 # its output box must not scroll sideways, and its right edge must lie in the window;
 # the score in the page's heading too. Then the same without the course's CSS (the test

@@ -16,16 +16,30 @@ could not grade (a grader fault) is left out of the gradebook and listed.
 With ``--shard K/N`` only the first step runs, on the students whose shard is K; each
 shard writes its own file and ``python -m autograder merge ASSIGNMENT FILE...`` records
 them all into one gradebook.
+
+A stop loses nothing and records nothing wrong. Each verdict goes to a journal as it is
+made (:class:`Journal`, one fsync'd line per notebook: ``runs/<assignment>.jsonl`` in the
+course root, or the shard's results file with ``.partial`` appended); SIGINT and SIGTERM
+end the run once the notebooks being graded are done (:func:`stop_on_signals`), and
+the next run takes each journal line whose submission and digest are unchanged instead
+of grading it again. A student counts as recorded only when nbgrader's recording of
+them completed (``completion.py``): a run stopped or killed in the middle of one is
+recorded again (:func:`plan`), with ``nbgrader autograde --force`` replacing the half
+record. The journal goes once a run completes.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import tempfile
 import time
+import uuid
 import zlib
+from contextlib import contextmanager
 from pathlib import Path
 
 from autograder.grading.limits import Limits
@@ -64,6 +78,124 @@ def submissions(
     return found
 
 
+def journal_path(root: Path, assignment: str) -> Path:
+    """Where a class run keeps its verdicts until they are recorded."""
+    return root / "runs" / f"{assignment}.jsonl"
+
+
+def plan(
+    root: Path,
+    assignment: str,
+    students: list[str] | None,
+    force: bool,
+    feedback: bool,
+    kept: dict[str, dict],
+) -> tuple[dict[str, Path], list[str], list[str]]:
+    """``(to_record, already, pages)``: the submitted notebook of each student to
+    record now, the students whose recording is complete, and those of them whose
+    feedback page a stopped ``--feedback`` run did not write. A student is recorded
+    when nbgrader's recording of them completed (their completion mark,
+    ``completion.py``, for this very file) and nbgrader would skip them (not
+    resubmitted since; ``force``: never); one with a result ``kept`` from a stopped run,
+    when that result is the one recorded. Anyone else, a half record included, is
+    recorded again."""
+    from autograder.grading import completion
+
+    marks = completion.read(root / "gradebook.db", assignment)
+    nbgrader_would = submissions(root, assignment, students, force)
+    to_record, already, pages = {}, [], []
+    for student, notebook in submissions(root, assignment, students, True).items():
+        mark = marks.get(student)
+        result = kept.get(student)
+        if mark is None:
+            done = False
+        elif result is not None:
+            done = mark["result_id"] == result["result_id"]
+            if done and feedback and mark["feedback_at"] is None:
+                pages.append(student)
+        else:
+            done = student not in nbgrader_would and mark["submission_sha256"] in (
+                None,
+                completion.sha256(notebook),
+            )
+        if done:
+            already.append(student)
+        else:
+            to_record[student] = notebook
+    return to_record, already, pages
+
+
+def recorded_already(
+    root: Path, assignment: str, results: list[dict], feedback: bool
+) -> tuple[list[dict], list[str], list[str]]:
+    """``merge``: the results still to record, the students recorded from the very
+    result given (a merge stopped and run again), and those of them whose feedback
+    page is still to write."""
+    from autograder.grading import completion
+
+    marks = completion.read(root / "gradebook.db", assignment)
+    left, already, pages = [], [], []
+    for r in results:
+        mark = marks.get(r["student"])
+        if (
+            mark is not None
+            and r.get("result_id")
+            and mark["result_id"] == r["result_id"]
+        ):
+            already.append(r["student"])
+            if feedback and mark["feedback_at"] is None:
+                pages.append(r["student"])
+        else:
+            left.append(r)
+    return left, already, pages
+
+
+def progress_line(already: list[str], pages: list[str]) -> str:
+    """``N already recorded`` (and how many of them still lack their feedback page)."""
+    line = f"{len(already)} already recorded"
+    if pages:
+        line += f" ({len(pages)} without their feedback page yet: written now)"
+    return line
+
+
+class Stopped(KeyboardInterrupt):
+    """SIGINT (Ctrl-C) or SIGTERM (a scheduler's kill) reached the class run."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def stopped_by(stop: KeyboardInterrupt) -> tuple[str, int]:
+    """The signal's name and the exit status (130, 143: as a shell reports the signal).
+    A plain KeyboardInterrupt is SIGINT (Python's own handler: a second Ctrl-C, or one
+    that came where some library had put it back)."""
+    signum = getattr(stop, "signum", signal.SIGINT)
+    return signal.Signals(signum).name, 128 + signum
+
+
+def _stop(signum, frame):
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_DFL)
+    raise Stopped(signum)
+
+
+@contextmanager
+def stop_on_signals():
+    """SIGINT and SIGTERM raise :class:`Stopped` (a KeyboardInterrupt) in the main
+    thread: the run stops cleanly, keeping what it finished. A second signal ends it at
+    once (nothing is lost: the journal is on disk). The grader proves its jail in a
+    thread (``grade._in_a_thread``), so nbclient leaves these handlers alone."""
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    for sig in before:
+        signal.signal(sig, _stop)
+    try:
+        yield
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+
+
 def grade_class(
     notebooks: dict[str, Path],
     assignment: str,
@@ -72,17 +204,21 @@ def grade_class(
     limits: Limits,
     progress: bool = True,
     timings: dict | None = None,
+    journal: Journal | None = None,
 ) -> list[dict]:
     """Grade every student's notebook in one warm sandbox; each result also names the
-    student and the fingerprint of the cells it graded. ``timings`` gets the seconds
-    the grader took to start (``grade_many``)."""
-    import nbformat
+    student, the fingerprint of the cells it graded (``key``), the submitted file's
+    sha256 and an id of its own (``result_id``), and goes to ``journal`` as soon as it is
+    made. ``timings`` gets the seconds the grader took to start (``grade_many``)."""
     from tqdm import tqdm
 
-    from autograder.grading.grade import grade_many, restored
-    from autograder.grading.student_code import grading_key
+    from autograder.grading.grade import grade_many
+    from autograder.grading.stop_points import STOP_AT, stop_point
 
     students = list(notebooks)
+    if not students:
+        return []
+    by_path = {str(notebooks[s]): s for s in students}
     bar = tqdm(
         total=len(students), desc=f"grading {assignment}", unit="notebook",
         disable=not progress, file=sys.stderr,
@@ -90,7 +226,15 @@ def grade_class(
     so_far = dict.fromkeys(("full", "zero", "problems", "not graded"), 0)
 
     def graded_one(result: dict) -> None:
-        """The bar shows how the class is doing while it runs, not only how far it is."""
+        """Kept at once; the bar shows how the class is doing while it runs, not only
+        how far it is."""
+        student = by_path.get(result.get("notebook"))
+        if student is not None:
+            _annotate(result, student, notebooks[student], assignment, limits)
+            if journal is not None:
+                journal.append(result)
+                if STOP_AT in os.environ:  # tests only (stop_points.py)
+                    stop_point("graded", str(journal.written))
         for kind, counts in _kinds(result).items():
             so_far[kind] += counts
         bar.set_postfix(so_far, refresh=False)
@@ -106,14 +250,131 @@ def grade_class(
     finally:
         bar.close()
     for student, result in zip(students, results, strict=True):
-        result["student"] = student
-        try:
-            # the cells graded: the read-only ones as restored, as nbgrader will have them
-            submitted = nbformat.read(notebooks[student], as_version=4)
-            result["key"] = grading_key(restored(submitted, assignment))
-        except Exception:  # noqa: BLE001 (unreadable: nbgrader will not record it either)
-            result["key"] = None
+        if "result_id" not in result:
+            _annotate(result, student, notebooks[student], assignment, limits)
     return results
+
+
+def _annotate(
+    result: dict, student: str, notebook: Path, assignment: str, limits: Limits
+) -> None:
+    """What a result needs to be recorded, and kept across a stop: the student, the
+    fingerprint of the cells graded, the submitted file's sha256, the limits and an id."""
+    import nbformat
+
+    from autograder.grading.completion import sha256
+    from autograder.grading.grade import restored
+    from autograder.grading.student_code import grading_key
+
+    result["student"] = student
+    try:
+        # the cells graded: the read-only ones as restored, as nbgrader will have them
+        submitted = nbformat.read(notebook, as_version=4)
+        result["key"] = grading_key(restored(submitted, assignment))
+    except Exception:  # noqa: BLE001 (unreadable: nbgrader will not record it either)
+        result["key"] = None
+    result["submission_sha256"] = sha256(notebook)
+    result["limits"] = _limits_key(limits)
+    result["result_id"] = uuid.uuid4().hex
+
+
+def _limits_key(limits: Limits) -> str:
+    import dataclasses
+
+    return json.dumps(dataclasses.asdict(limits), sort_keys=True, default=str)
+
+
+class Journal:
+    """Every verdict of a run, one JSON line each, flushed to disk as it is made, so a
+    stop (even a hard kill) keeps every notebook graded; the next run takes them back
+    (:meth:`kept`) instead of grading them again. A line cut short by a kill is skipped."""
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.written = 0
+
+    def load(self) -> dict[str, dict]:
+        """The last result per student in the journal (empty when there is none)."""
+        found = {}
+        try:
+            lines = self.path.read_text().splitlines()
+        except OSError:
+            return found
+        for line in lines:
+            try:
+                result = json.loads(line)
+                found[result["student"]] = result
+            except (ValueError, KeyError, TypeError):
+                continue  # cut short by a kill
+        return found
+
+    def kept(
+        self,
+        notebooks: dict[str, Path],
+        assignment: str,
+        seed: int | None,
+        limits: Limits,
+    ) -> dict[str, dict]:
+        """The journal's verdicts that still hold for ``notebooks``: graded, for the same
+        file (sha256), assignment digest, course version, limits and, with ``seed``, seed."""
+        from autograder.grading.completion import sha256
+        from autograder.grading.provenance import assignment_digest
+        from autograder.paths import course_version
+
+        found = self.load()
+        if not found:
+            return {}
+        digest, version = assignment_digest(assignment), course_version()
+        limits_key = _limits_key(limits)
+        kept = {}
+        for student, r in found.items():
+            notebook = notebooks.get(student)
+            if (
+                notebook is not None
+                and r.get("graded")
+                and r.get("assignment") == assignment
+                and r.get("result_id")
+                and r.get("digest") == digest
+                and r.get("course_version") == version
+                and r.get("limits") == limits_key
+                and (seed is None or r.get("seed") == seed)
+                and r.get("submission_sha256") == sha256(notebook)
+            ):
+                kept[student] = r
+        return kept
+
+    def start(self, kept: list[dict]) -> None:
+        """Begin this run's journal with what it keeps from the last one."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        with open(tmp, "w") as f:
+            for result in kept:
+                f.write(json.dumps(result) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
+        self._file = open(self.path, "a")  # noqa: SIM115 (open for the whole run)
+
+    def append(self, result: dict) -> None:
+        self._file.write(json.dumps(result) + "\n")
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self.written += 1
+
+    def close(self) -> None:
+        if getattr(self, "_file", None) is not None:
+            self._file.close()
+            self._file = None
+
+    def discard(self) -> None:
+        """The run completed: nothing left to keep."""
+        self.close()
+        self.path.unlink(missing_ok=True)
+        if self.path.parent.name == "runs":  # the course root's, when nothing is left
+            try:
+                self.path.parent.rmdir()
+            except OSError:
+                pass
 
 
 def _kinds(result: dict) -> dict[str, bool]:
@@ -128,10 +389,16 @@ def _kinds(result: dict) -> dict[str, bool]:
 
 
 def write_results(results: list[dict], path: Path) -> None:
+    """All at once (a new file, renamed over ``path``): a stop never leaves it half
+    written."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as f:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
         for result in results:
             f.write(json.dumps(result) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
 
 
 def read_results(paths: list[Path]) -> list[dict]:
@@ -199,6 +466,7 @@ class Entering:
             [sys.executable, "-m", "autograder.grading.autograde", assignment],
             cwd=root, env=env_with_repo_on_path(), text=True,
             stdout=self._log, stderr=subprocess.STDOUT,
+            start_new_session=True,  # a stop lets it finish: never half entered
         )  # fmt: skip
 
     def result(self) -> int:
@@ -218,24 +486,32 @@ def record(
     jobs: int = 1,
     feedback: bool = False,
     timings: dict | None = None,
+    pages: list[str] = (),
 ) -> int:
     """Run ``nbgrader autograde`` over the graded students only, taking their verdicts
     from ``results``, on ``jobs`` workers at once (each a process of its own over a part
     of the class: ``nbgrader_steps``); with ``feedback``, each worker then runs
-    ``nbgrader generate_feedback --force`` over its part. Returns the largest exit
-    status; ``timings`` (if given) gets each step's seconds summed over the workers and
-    the workers' wall time."""
+    ``nbgrader generate_feedback --force`` over its part, and over its share of
+    ``pages`` (students recorded whose page a stop left unwritten). Returns the largest
+    exit status; ``timings`` (if given) gets each step's seconds summed over the workers
+    and the workers' wall time."""
+    from autograder.grading.completion import ensure
+
     _record_attempts_without_grade(root, assignment, results)
     graded = sorted({r["student"] for r in results if r["graded"]})
-    if not graded:
+    pages = sorted(set(pages) - set(graded)) if feedback else []
+    ensure(root / "gradebook.db")  # its completion marks (completion.py)
+    if not graded and not pages:
         return 0
     everyone = sorted(
         p.parent.name for p in (root / "submitted").glob(f"*/{assignment}")
     )
-    workers = max(1, min(jobs, len(graded)))
-    if workers > 1:
+    workers = max(1, min(jobs, len(graded) + len(pages)))
+    if workers > 1 and graded:
         _enter_students(root, graded)
-    parts = [graded[k::workers] for k in range(workers)]
+    shares = [(graded + pages)[k::workers] for k in range(workers)]
+    parts = [[s for s in share if s in graded] for share in shares]
+    page_parts = [[s for s in share if s not in graded] for share in shares]
     seeds = {r["seed"] for r in results}
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="verdicts-") as tmp:
@@ -243,21 +519,27 @@ def record(
         write_results([r for r in results if r["graded"]], verdicts)
         from autograder.grading.nbgrader_bridge import VERDICTS
 
+        def exclude(part):
+            others = sorted(set(everyone) - set(part))
+            if not others:
+                return []
+            return [f"--CourseDirectory.student_id_exclude={','.join(others)}"]
+
         processes = []
         for k, part in enumerate(parts):
-            others = sorted(set(everyone) - set(part))
-            exclude = (
-                [f"--CourseDirectory.student_id_exclude={','.join(others)}"]
-                if others
-                else []
-            )
-            args = ["autograde", assignment, *exclude]
-            if force:
-                args.append("--force")
-            if len(seeds) == 1:  # a notebook graded again there draws the same inputs
-                args.append(f"--SandboxedExecute.seed={next(iter(seeds))}")
+            args = []
+            if part:
+                # every student handed over is recorded, replacing any record it has:
+                # resubmitted, a half record a stop left, or all of them with ``force``
+                args = ["autograde", assignment, *exclude(part), "--force"]
+                if (
+                    len(seeds) == 1
+                ):  # a notebook graded again there draws the same inputs
+                    args.append(f"--SandboxedExecute.seed={next(iter(seeds))}")
             if feedback:  # the pages of the students just recorded, made again
-                args += ["--then", "generate_feedback", assignment, "--force", *exclude]
+                mine = part + page_parts[k]
+                args += ["--then", "generate_feedback", assignment, "--force"]
+                args += exclude(mine)
             processes.append(
                 subprocess.Popen(
                     [
@@ -272,7 +554,11 @@ def record(
                     env={**env_with_repo_on_path(), VERDICTS: str(verdicts)},
                 )  # fmt: skip
             )
-        status = max(process.wait() for process in processes)
+        try:
+            status = max(process.wait() for process in processes)
+        except KeyboardInterrupt:  # a stop: each worker ends after its clean-up
+            _stop_workers(processes)
+            raise
         if timings is not None:
             timings["workers"] = workers
             timings["seconds"] = time.perf_counter() - started
@@ -285,6 +571,21 @@ def record(
                     timings[name] = timings.get(name, 0.0) + seconds
     _record_attempts_without_grade(root, assignment, results, after_nbgrader=True)
     return status
+
+
+def _stop_workers(processes: list[subprocess.Popen], grace: float = 60.0) -> None:
+    """SIGTERM to each recording worker still running (after Ctrl-C they have had
+    SIGINT already, and ignore a second signal), then wait; SIGKILL past ``grace``."""
+    for process in processes:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    for process in processes:
+        try:
+            process.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
 
 
 def _enter_students(root: Path, students: list[str]) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import ast
 import copy
 import secrets
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -370,6 +371,40 @@ def _phases(marks: dict[str, float]) -> dict[str, float]:
     }
 
 
+def _in_a_thread(function, *args):
+    """``function(*args)`` in a thread of its own, as every notebook is graded. In the
+    main thread nbclient takes SIGINT and SIGTERM over while the kernel starts and then
+    puts Python's defaults back: a Ctrl-C there would kill the canary (read as a jail
+    that cannot start), and the class run's handlers (``autograde.stop_on_signals``)
+    would be lost."""
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(function, *args).result()
+
+
+def _finish_started(futures, reported, on_result) -> None:
+    """After a stop: cancel the notebooks not started, wait for those being graded and
+    report each one graded (not one a grader fault spoiled)."""
+    for future in futures:
+        future.cancel()
+    running = sum(not (f.cancelled() or f.done()) for f in futures)
+    if running:
+        print(
+            f"[autograder] stopping: {running} notebook(s) being graded finish first "
+            "(within their time limit); a second Ctrl-C stops at once",
+            file=sys.stderr,
+            flush=True,
+        )
+    for future in futures:
+        if future.cancelled() or future in reported:
+            continue
+        try:
+            result = future.result()
+        except Exception:  # noqa: BLE001 (no result: graded again on the next run)
+            continue
+        if on_result is not None and "fault" not in result:
+            on_result(result)
+
+
 def grade_many(
     paths: list[Path],
     assignment: str | None = None,
@@ -400,7 +435,7 @@ def grade_many(
     sandbox = Sandbox(limits, hide=folders) if sandboxed else Unsandboxed(limits)
     with sandbox:
         if sandboxed:  # unjailed, the canary's promises (the course hidden) cannot hold
-            prove(sandbox, limits)
+            _in_a_thread(prove, sandbox, limits)
         batch = Batch(sandbox, seed, limits)
         if timings is not None:
             timings["start"] = time.perf_counter() - started
@@ -412,10 +447,20 @@ def grade_many(
                 for i, p in enumerate(paths)
             }
             results = [None] * len(paths)
-            for future in as_completed(futures):
-                results[futures[future]] = result = future.result()
-                if on_result is not None and "fault" not in result:
-                    on_result(result)
+            reported = set()
+            try:
+                for future in as_completed(futures):
+                    results[futures[future]] = result = future.result()
+                    if on_result is not None and "fault" not in result:
+                        on_result(result)
+                    reported.add(future)
+            except BaseException:
+                # stopped (Ctrl-C, SIGTERM): the notebooks not started are not graded;
+                # those being graded finish (their kernels run in a session of their
+                # own, untouched by the signal) and are reported, so nothing finished
+                # is lost
+                _finish_started(futures, reported, on_result)
+                raise
         for i, first in enumerate(results):
             if "fault" not in first:
                 continue

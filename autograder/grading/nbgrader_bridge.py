@@ -18,6 +18,12 @@ Each graded submission's provenance (the course version and the assignment's dig
 note at the top of the autograded notebook, so the feedback page shows it; its verdicts
 go into the table ``autograder_verdicts`` (``verdict_record.py``) for the class report.
 
+A student's recording is complete only once nbgrader's post-convert hook
+(:func:`recorded_hook`) writes their completion mark (``completion.py``), which the
+pre-convert hook deleted before nbgrader touched them; ``generate_feedback``'s hooks
+(:func:`feedback_hook`) do the same for the page. A stop in between leaves no mark, and
+``python -m autograder autograde`` records the student again.
+
 ``python -m autograder autograde`` (``autograde.py``) grades a whole class in parallel
 first and then runs ``nbgrader autograde`` with the results in a file named by the
 environment variable ``AUTOGRADER_VERDICTS``: a submission whose restored cells are the
@@ -37,9 +43,11 @@ import functools
 import json
 import os
 import secrets
+import sqlite3
 import sys
 import tempfile
 import threading
+import uuid
 from pathlib import Path
 
 import nbformat
@@ -47,6 +55,7 @@ from nbgrader.api import Gradebook, MissingEntry
 from nbgrader.preprocessors import ClearHiddenTests, NbGraderPreprocessor
 from traitlets import Integer
 
+from autograder.grading.stop_points import stop_point
 from autograder.grading.student_code import is_test_cell
 
 _SANDBOX = None
@@ -54,6 +63,8 @@ _LOCK = threading.Lock()
 COURSE_ID = "attention-course"  # nbgrader_config.py's CourseDirectory.course_id
 _NEW_SUBMISSIONS: set[tuple[str, str]] = set()  # (assignment, student) this run created
 VERDICTS = "AUTOGRADER_VERDICTS"  # results graded beforehand, one JSON line per student
+# (assignment, student) -> the id of the result being recorded, for the completion mark
+_RECORDED_FROM: dict[tuple[str, str], str] = {}
 
 
 @functools.cache
@@ -116,6 +127,63 @@ def prove_sandbox(assignment, student, notebooks, db_url=None, course_id=None, *
                     gb.find_submission(parts[-2], parts[-3])
                 except MissingEntry:
                     _NEW_SUBMISSIONS.add((parts[-2], parts[-3]))
+            _recording_begins(db_url, parts[-2], parts[-3])
+
+
+def _owner(notebooks) -> tuple[str, str] | None:
+    """(assignment, student) of the notebooks nbgrader converts for one student:
+    ``.../<student>/<assignment>/<name>.ipynb`` (submitted/, autograded/)."""
+    for notebook in notebooks:
+        parts = Path(notebook).parts
+        if len(parts) >= 3:
+            return parts[-2], parts[-3]
+    return None
+
+
+def _recording_begins(db_url: str, assignment: str, student: str) -> None:
+    """The student's completion mark goes before nbgrader writes anything for them
+    (``completion.py``); if it cannot, nbgrader stops: a mark left in place would
+    vouch for a record this run may leave half written."""
+    from autograder.grading import completion, provenance
+
+    path = provenance.db_path(db_url)
+    if path is None:
+        return
+    try:
+        completion.clear(path, assignment, student)
+    except sqlite3.Error as exc:
+        message = f"[autograder] cannot clear {student}'s completion mark ({exc})"
+        print(message, file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
+
+
+def recorded_hook(assignment, student, notebooks, db_url=None, **_):
+    """nbgrader's post-convert hook for ``autograde``, run once nbgrader has recorded a
+    student completely (the gradebook, the autograded notebook, the provenance):
+    the student's completion mark (``completion.py``), with the id of the result
+    recorded. A failure here only leaves the student to be recorded again."""
+    from autograder.grading import completion, provenance
+
+    owner = _owner(notebooks)
+    path = provenance.db_path(db_url) if db_url else None
+    if owner is None or path is None:
+        return
+    assignment, student = owner
+    sha = completion.sha256(Path(notebooks[0]).parent / f"{assignment}.ipynb")
+    completion.mark_recorded(
+        path, assignment, student, sha, _RECORDED_FROM.pop(owner, None)
+    )
+
+
+def feedback_hook(assignment, student, notebooks, db_url=None, done=False, **_):
+    """nbgrader's pre- (``done`` False) and post-convert (``done`` True) hooks for
+    ``generate_feedback``: the student's page is being written, or was written."""
+    from autograder.grading import completion, provenance
+
+    owner = _owner(notebooks)
+    path = provenance.db_path(db_url) if db_url else None
+    if owner is not None and path is not None:
+        completion.mark_feedback(path, *owner, done=done)
 
 
 class SandboxedExecute(NbGraderPreprocessor):
@@ -135,6 +203,8 @@ class SandboxedExecute(NbGraderPreprocessor):
         result = None
         if os.environ.get(VERDICTS):
             result = _graded_beforehand(os.environ[VERDICTS]).get((assignment, student))
+            if result is not None:  # what this recording stands for, even graded again
+                _RECORDED_FROM[assignment, student] = result.get("result_id")
             if result is not None and result.get("key") != grading_key(nb):
                 self.log.warning(
                     "[autograder] %s: the cells nbgrader restored differ from the ones "
@@ -144,6 +214,7 @@ class SandboxedExecute(NbGraderPreprocessor):
                 result = None
         if result is None:
             result = self._grade_here(nb, resources["nbgrader"], assignment)
+            _RECORDED_FROM.setdefault((assignment, student), uuid.uuid4().hex)
         if not result["graded"]:
             self._forget(resources["nbgrader"], assignment)
             _record_verdicts(resources["nbgrader"], assignment, result)
@@ -160,6 +231,9 @@ class SandboxedExecute(NbGraderPreprocessor):
         )  # fmt: skip
         self._record_provenance(nb, resources["nbgrader"], assignment, result)
         _record_verdicts(resources["nbgrader"], assignment, result)
+        # a test's hard kill (stop_points.py): the gradebook holds the submission and
+        # the provenance, not yet the scores
+        stop_point("gradebook", student)
         verdicts = {t["id"]: t for t in result["tests"]}
         for cell in nb.cells:
             grade_id = cell.get("metadata", {}).get("nbgrader", {}).get("grade_id")

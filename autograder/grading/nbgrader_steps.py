@@ -20,6 +20,7 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import signal
 import sys
 import time
 
@@ -58,14 +59,74 @@ def run_step(args: list[str]) -> int:
     return status
 
 
+class Stopped(KeyboardInterrupt):
+    """SIGINT or SIGTERM: nbgrader removes the notebook it was writing (as on Ctrl-C)
+    and this worker ends; the student it was recording has no completion mark
+    (``completion.py``), so the next run records them again."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _stop_once(signum, frame) -> None:
+    """The first SIGINT or SIGTERM stops the worker; the next ones are ignored, so that
+    nbgrader's own clean-up (``_handle_failure``) is not cut short."""
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
+    raise Stopped(signum)
+
+
+def _arm_stop_points() -> None:
+    """Tests only (``stop_points.py``): a hard kill half way through writing a
+    student's autograded notebook or feedback page."""
+    from nbgrader.converters import Autograde, GenerateFeedback
+
+    from autograder.grading.stop_points import armed, half_written
+
+    def wrap(cls, point: str, when=lambda self: True):
+        write = cls.write_single_notebook
+
+        def write_single_notebook(self, output, resources):
+            student = resources["nbgrader"]["student"]
+            if when(self) and armed(point, student):
+                folder = self._format_dest(resources["nbgrader"]["assignment"], student)
+                os.makedirs(folder, exist_ok=True)
+                name = resources["unique_key"] + resources.get("output_extension", "")
+                half_written(os.path.join(folder, name), output)
+            return write(self, output, resources)
+
+        cls.write_single_notebook = write_single_notebook
+
+    wrap(Autograde, "notebook", lambda self: not self._sanitizing)
+    wrap(GenerateFeedback, "feedback")
+
+
 def main(argv: list[str]) -> int:
+    from autograder.grading.stop_points import STOP_AT
+
     timings_file = None
     if argv[:1] == ["--timings"]:
         timings_file, argv = argv[1], argv[2:]
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, _stop_once)
+    if os.environ.get(STOP_AT):
+        _arm_stop_points()
     status, timings = 0, []
     for args in steps(argv):
         started = time.perf_counter()
-        step_status = run_step(args)
+        try:
+            step_status = run_step(args)
+        except KeyboardInterrupt as stop:  # Stopped, or SIGINT where nbclient put
+            # Python's own handler back (a notebook graded in this process)
+            signum = getattr(stop, "signum", signal.SIGINT)
+            print(
+                f"[autograder] recording worker stopped ({signal.Signals(signum).name}): "
+                "the student it was recording is recorded again on the next run",
+                file=sys.stderr,
+                flush=True,
+            )
+            return 128 + signum
         timings.append((args[0], round(time.perf_counter() - started, 3)))
         status = max(status, step_status)
         if step_status == JAIL_CANNOT_START:
