@@ -107,9 +107,19 @@ def _kind(value) -> str:
     return f"{type(value).__name__} {value!r}"[:80]
 
 
+def _raised(outcome: dict) -> str | None:
+    """The class name of the exception an outcome holds, or None."""
+    return outcome["error"].split(":", 1)[0] if "error" in outcome else None
+
+
 def _outcome_problem(
     test: HiddenTest, expected: dict, got: dict, tol: Tolerance
 ) -> str | None:
+    if "error" in expected:  # the docstring's contract: these arguments are refused
+        if _raised(got) == _raised(expected):
+            return None
+        did = f"raised {got['error']}" if "error" in got else "returned a result"
+        return f"should raise {_raised(expected)} here, as its docstring says, but it {did}"
     if "error" in got:
         return f"raised {got['error']}"
     exp, val = expected["value"], got["value"]

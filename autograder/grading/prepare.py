@@ -87,10 +87,12 @@ def prepare(
             calls.append(c.to_plan(state))
         p = PreparedTest(test, cases, calls, [])
         p.expected = probe.run_test(reference, p.unwatched_plan())
-        for outcome in p.expected:
-            if "error" in outcome:
+        for c, outcome in zip(cases, p.expected, strict=True):
+            raised = outcome.get("error", "").split(":", 1)[0] or None
+            if raised != c.raises:
                 raise RuntimeError(
-                    f"the reference fails hidden test {test.id}: {outcome['error']}"
+                    f"the reference fails hidden test {test.id} ({c.label}): "
+                    f"{outcome.get('error') or 'it raised nothing'}"
                 )
         prepared.append(p)
     return prepared

@@ -48,6 +48,9 @@ class Case:
     # methods called on the module before the call, e.g.
     # [("load_torch_weights", (torch_layer("MultiheadAttention", ...),))]
     setup: list[tuple[str, tuple]] = field(default_factory=list)
+    # the exception the docstring promises for these arguments (a class name, such as
+    # "ValueError"): the reference raises it, and so must the student's code
+    raises: str | None = None
 
     def to_plan(self, state: dict | None) -> CallPlan:
         """The plain data a probe needs to make this call (tensors, numbers, strings)."""
@@ -72,9 +75,11 @@ def case(
     init: Init | None = None,
     method: str | None = None,
     setup: list[tuple[str, tuple]] | None = None,
+    raises: str | None = None,
     **kwargs: Any,
 ) -> Case:
-    """Shorthand: ``case(q, k, v, mask=m, label="causal mask")``."""
+    """Shorthand: ``case(q, k, v, mask=m, label="causal mask")``; ``raises="ValueError"``
+    for arguments the exercise's docstring says it refuses."""
     return Case(
         args=args,
         kwargs=kwargs,
@@ -82,6 +87,7 @@ def case(
         init=init,
         method=method,
         setup=list(setup or []),
+        raises=raises,
     )
 
 

@@ -63,6 +63,15 @@ def _split_cases(g):
     ]
 
 
+def _split_error_cases(g):
+    return [
+        case(randn(g, 2, 5, 10), 3, raises="ValueError",
+             label="10 features into 3 heads: ValueError"),
+        case(randn(g, 1, 4, 6), 4, raises="ValueError",
+             label="6 features into 4 heads: ValueError"),
+    ]  # fmt: skip
+
+
 def _merge_cases(g):
     return [
         case(randn(g, 2, 3, 5, 4), label="(2, 3, 5, 4): 3 heads of width 4"),
@@ -211,6 +220,13 @@ TESTS = [
         description="(B, n, d_model) -> (B, h, n, d_head), head i holding features i d_head to (i+1) d_head - 1",
         make_cases=_split_cases,
         level="exact",
+    ),
+    HiddenTest(
+        id="split_heads_errors",
+        exercise="split_heads",
+        points=1,
+        description="a ValueError, as the docstring says, when d_model is not divisible by h",
+        make_cases=_split_error_cases,
     ),
     HiddenTest(
         id="merge_heads_values",

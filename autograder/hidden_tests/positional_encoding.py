@@ -47,6 +47,20 @@ def _shift_far_cases(g):
     ]
 
 
+def _sinusoidal_error_cases(g):
+    return [
+        case(10, 7, raises="ValueError", label="d_model = 7 (odd): ValueError"),
+        case(4, 1, raises="ValueError", label="d_model = 1 (odd): ValueError"),
+    ]
+
+
+def _rope_error_cases(g):
+    return [
+        case(torch.randn(4, 7, generator=g), torch.arange(4), raises="ValueError",
+             label="x of shape (4, 7), an odd d: ValueError"),
+    ]  # fmt: skip
+
+
 def _learned_cases(g):
     init = Init((12, 8))
     return [
@@ -117,6 +131,13 @@ TESTS = [
         level="model",
     ),
     HiddenTest(
+        id="pe_sinusoidal_errors",
+        exercise="sinusoidal_encoding",
+        points=1,
+        description="a ValueError, as the docstring says, for an odd d_model",
+        make_cases=_sinusoidal_error_cases,
+    ),
+    HiddenTest(
         id="pe_shift_matrix",
         exercise="shift_matrix",
         points=2,
@@ -155,5 +176,12 @@ TESTS = [
         description="rotary embedding of (B, h, n, d) inputs, offset and fractional positions, d = 64",
         make_cases=_rope_heads_cases,
         level="model",
+    ),
+    HiddenTest(
+        id="pe_rope_errors",
+        exercise="apply_rope",
+        points=1,
+        description="a ValueError, as the docstring says, for an odd last dimension",
+        make_cases=_rope_error_cases,
     ),
 ]

@@ -102,6 +102,18 @@ def _location_cases(g):
     ]
 
 
+def _location_error_cases(g):
+    # the docstring's contract: no score for positions W_a has no row for, nor for n < 1
+    return [
+        case(randn(g, 2, 6), _weight(g, 10, 6), 11, raises="ValueError",
+             label="n = 11 > n_max = 10: ValueError"),
+        case(randn(g, 2, 6), _weight(g, 10, 6), 0, raises="ValueError",
+             label="n = 0: ValueError"),
+        case(randn(g, 2, 6), _weight(g, 10, 6), -1, raises="ValueError",
+             label="n = -1: ValueError"),
+    ]  # fmt: skip
+
+
 def _masked_softmax_values_cases(g):
     return [
         case(randn(g, 4, 7), random_mask(g, 4, 7), label="(B, n) scores and mask"),
@@ -251,6 +263,13 @@ TESTS = [
         points=2,
         description="scores (B, n) equal W_a q restricted to the first n rows of W_a (n_max, d_q)",
         make_cases=_location_cases,
+    ),
+    HiddenTest(
+        id="sf_location_score_errors",
+        exercise="location_score",
+        points=1,
+        description="a ValueError, as the docstring says, for n > n_max and for n < 1",
+        make_cases=_location_error_cases,
     ),
     HiddenTest(
         id="sf_masked_softmax_values",
