@@ -1,0 +1,73 @@
+"""The attention guard itself (autograder/grading/guard): built, loaded in a fresh
+process, PyTorch's attention computes while unarmed and every route to it is refused once
+two seccomp filters arm it (tests/guard_routes.py tries them)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from autograder.grading import guard
+from autograder.paths import REPO
+
+
+@pytest.fixture(scope="module")
+def routes():
+    guard.ensure()
+    done = subprocess.run(
+        [sys.executable, str(REPO / "tests" / "guard_routes.py"), str(REPO)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_unarmed_attention_computes(routes):
+    assert set(routes["unarmed"].values()) == {"computed"}, routes["unarmed"]
+
+
+def test_one_filter_does_not_arm(routes):
+    assert routes["armed"]["one filter: still computes"] == "computed"
+
+
+# routes a registration can break in other ways (a recursion, PyTorch's own assertion):
+# what matters is that none of them computes
+_NOT_COMPUTED = {
+    "torch.library impl over the guard, redispatching",
+    "fallthrough registered over the guard",
+}
+
+
+def test_every_route_is_refused_once_armed(routes):
+    armed = {
+        k: v for k, v in routes["armed"].items() if k != "one filter: still computes"
+    }
+    assert len(armed) >= 25
+    computed = [k for k, v in armed.items() if v == "computed"]
+    assert not computed, computed
+    other = [k for k, v in armed.items() if v != "refused" and k not in _NOT_COMPUTED]
+    assert not other, {k: armed[k] for k in other}
+
+
+def test_the_refusal_says_what_to_write():
+    text = guard.refusal("scaled_dot_product_attention")
+    assert "switched off" in text and "softmax" in text
+    source = guard.SOURCE.read_text()
+    assert guard.MESSAGE_TAIL[:60] in source.replace('"\n    "', "")
+
+
+def test_library_lives_in_a_versioned_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv(guard.CACHE_ENV, str(tmp_path))
+    path = guard.library_path()
+    assert str(path).startswith(str(tmp_path)) and "torch-" in str(path)
+
+
+def test_an_unbuildable_guard_is_a_grader_fault(tmp_path, monkeypatch):
+    blocked = tmp_path / "file"
+    blocked.write_text("not a folder")
+    monkeypatch.setenv(guard.CACHE_ENV, str(blocked))
+    with pytest.raises(guard.GuardUnavailable, match="(?i)nothing is graded"):
+        guard.ensure()
