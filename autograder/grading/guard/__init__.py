@@ -31,6 +31,10 @@ MESSAGE_TAIL = (
 )
 MARK = "PyTorch's attention ("  # how a refusal begins
 
+# The forbidden features (``delegation.FEATURES``) that the guard switches off: a test
+# that forbids one of them runs in the second phase, armed.
+ATTENTION_FEATURES = frozenset({"sdpa", "mha", "transformer_layer"})
+
 
 def refusal(name: str) -> str:
     return f"{MARK}{name}) {MESSAGE_TAIL}"

@@ -23,7 +23,10 @@
 #include <string>
 #include <vector>
 
+#include <linux/magic.h>
 #include <sys/prctl.h>
+#include <sys/vfs.h>
+#include <unistd.h>
 
 namespace {
 
@@ -80,32 +83,45 @@ int g_base_mode = 0;     // prctl(PR_GET_SECCOMP) when loaded
 int g_base_filters = 0;  // Seccomp_filters when loaded
 std::atomic<bool> g_armed{false};
 
+// This process's seccomp filter count from /proc/self/status, or -1 when that file
+// cannot be trusted: not procfs, or the status of another process (a /proc mounted
+// over with something else by the student's code in a namespace of its own).
 int seccomp_filters() {
   FILE* f = std::fopen("/proc/self/status", "r");
   if (f == nullptr) return -1;
-  char line[256];
-  int count = -1;
+  struct statfs fs;
+  if (fstatfs(fileno(f), &fs) != 0 || fs.f_type != PROC_SUPER_MAGIC) {
+    std::fclose(f);
+    return -1;
+  }
+  char line[512];
+  int count = -1, mode = -1;
+  long own_pid = -1;
   while (std::fgets(line, sizeof line, f) != nullptr) {
     if (std::strncmp(line, "Seccomp_filters:", 16) == 0) {
       count = std::atoi(line + 16);
-      break;
+    } else if (std::strncmp(line, "Seccomp:", 8) == 0) {
+      mode = std::atoi(line + 8);
+    } else if (std::strncmp(line, "NSpid:", 6) == 0) {
+      const char* last = std::strrchr(line, '\t');  // the innermost namespace's pid
+      own_pid = last ? std::atol(last + 1) : -1;
     }
   }
   std::fclose(f);
+  if (own_pid != static_cast<long>(getpid())) return -1;
+  if (mode != prctl(PR_GET_SECCOMP, 0, 0, 0, 0)) return -1;
   return count;
 }
 
 bool armed() {
   if (g_armed.load(std::memory_order_relaxed)) return true;
   int mode = prctl(PR_GET_SECCOMP, 0, 0, 0, 0);
-  if (mode == g_base_mode && mode == 0) return false;  // no filter at all: unarmed
+  if (mode == 0 && g_base_mode == 0) return false;  // no filter at all: unarmed
   int filters = seccomp_filters();
-  if (filters < 0) {
-    // no count to read (a /proc that hides it): a filter where there was none arms
-    if (mode != g_base_mode) g_armed.store(true);
-    return g_armed.load();
+  // a count that cannot be read or trusted while a filter was added: armed (fail closed)
+  if (filters < 0 ? mode != g_base_mode : filters >= g_base_filters + 2) {
+    g_armed.store(true);
   }
-  if (filters >= g_base_filters + 2) g_armed.store(true);
   return g_armed.load();
 }
 
