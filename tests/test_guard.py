@@ -71,3 +71,43 @@ def test_an_unbuildable_guard_is_a_grader_fault(tmp_path, monkeypatch):
     monkeypatch.setenv(guard.CACHE_ENV, str(blocked))
     with pytest.raises(guard.GuardUnavailable, match="(?i)nothing is graded"):
         guard.ensure()
+
+
+_COMPILED = """
+import sys, torch
+sys.path.insert(0, sys.argv[1])
+from autograder.grading import guard, probe
+from autograder.grading.sandbox import zygote
+torch.ops.load_library(str(guard.library_path()))
+if sys.argv[2] == "rewrites off":
+    zygote.no_attention_rewrites()
+
+def attention(q, k, v):
+    return torch.softmax(q @ k.transpose(-2, -1) / 8.0, dim=-1) @ v
+
+compiled = torch.compile(attention)
+q = torch.randn(2, 4, 16, 64)
+expected = attention(q, q, q)
+torch.testing.assert_close(compiled(q, q, q), expected)  # compiled while unarmed
+probe.seal()
+probe.seal()
+try:
+    torch.testing.assert_close(compiled(q, q, q), expected)
+    print("computed")
+except Exception as exc:
+    print("refused" if guard.MARK in str(exc) else f"error {exc}"[:300])
+"""
+
+
+@pytest.mark.slow
+def test_an_honest_answer_compiled_with_torch_compile_is_not_refused():
+    """inductor's rewrite of matmul-softmax-matmul into PyTorch's attention is switched
+    off in every kernel (the zygote's preload), so a compiled honest answer computes."""
+    guard.ensure()
+    done = subprocess.run(
+        [sys.executable, "-c", _COMPILED, str(REPO), "rewrites off"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.stdout.strip().splitlines()[-1:] == ["computed"], done.stderr[-3000:]

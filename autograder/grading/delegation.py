@@ -346,6 +346,7 @@ _FLAGGED_ATTRIBUTES = {
     "library": "registers PyTorch operator kernels (torch.library)",
     "__code__": "edits code objects (__code__)",
     "_destroy": "removes PyTorch registrations (_destroy)",
+    "_grader_probe": "reaches into the grader's probe",
 }
 _FLAGGED_CALLS = {
     "exec": "runs code built at run time (exec)",
@@ -353,7 +354,15 @@ _FLAGGED_CALLS = {
     "compile": "compiles code at run time (compile)",
     "__import__": "imports by a name built at run time (__import__)",
 }
-_FLAGGED_STRINGS = {"_C", "ops", "library", "__code__", "ctypes", "cffi"}
+_FLAGGED_STRINGS = {
+    "_C",
+    "ops",
+    "library",
+    "__code__",
+    "ctypes",
+    "cffi",
+    "_grader_probe",
+}
 
 
 def constructs(sources: list[str]) -> list[str]:
@@ -381,6 +390,8 @@ def constructs(sources: list[str]) -> list[str]:
                     if not (isinstance(owner, ast.Name) and owner.id == "torch"):
                         continue
                 found.add(_FLAGGED_ATTRIBUTES[node.attr])
+            elif isinstance(node, ast.Name) and node.id == "_grader_probe":
+                found.add(_FLAGGED_ATTRIBUTES["_grader_probe"])
             elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
                 if node.func.id in _FLAGGED_CALLS:
                     found.add(_FLAGGED_CALLS[node.func.id])
@@ -469,8 +480,19 @@ def similarity(sources: list[str]) -> list[str]:
     return found
 
 
-def flags(sources: list[str]) -> list[str]:
+def flags(
+    sources: list[str], exercises: list[tuple[str, tuple[str, ...]]] = ()
+) -> list[str]:
     """What the instructor should look at in these cells (the student's own): never a
-    point, only a list for review."""
+    point, only a list for review. ``exercises``: each exercise with the features it
+    forbids; one whose call path names PyTorch's attention is flagged too (a dead first
+    try is flagged as well: only a person can tell)."""
+    from autograder.grading.guard import ATTENTION_FEATURES
+
     with READING_CODE:
-        return constructs(sources) + similarity(sources)
+        found = constructs(sources) + similarity(sources)
+        for exercise, forbidden in exercises:
+            attention = tuple(f for f in forbidden if f in ATTENTION_FEATURES)
+            if attention and static_uses(sources, exercise, attention):
+                found.append(f"`{exercise}` names PyTorch's attention in its code")
+    return list(dict.fromkeys(found))

@@ -352,7 +352,9 @@ def _grade(
         )
     reason = _missing_reason(run, end)
     code = StudentCode.of_notebook(nb, tests.chapter)
-    run.flags = delegation.flags(code.cells)
+    run.flags = delegation.flags(
+        code.cells, [(p.test.exercise, p.test.forbidden) for p in prepared]
+    )
     verdicts = [
         verdict(tests, p, g, code, reason) for p, g in zip(prepared, got, strict=True)
     ]

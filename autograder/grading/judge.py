@@ -157,7 +157,7 @@ def verdict(
     else:
         refused = _refused_by_guard(got) if prepared.guarded else None
         found = (
-            Verdict(test.id, test.points, False, refused, refused="guard")
+            Verdict(test.id, test.points, False, refused, refused=_route(refused))
             if refused
             else _compare_outputs(tests, prepared, got)
         )
@@ -169,6 +169,11 @@ def verdict(
         found.message = f"{found.message} {remark}"
         found.__post_init__()
     return found
+
+
+def _route(refusal: str) -> str:
+    """For the class report: what was switched off (``PyTorch's attention (name)``)."""
+    return refusal.split(")", 1)[0] + ") switched off"
 
 
 def _refused_by_guard(got: list[Outcome]) -> str | None:

@@ -675,6 +675,18 @@ def load_guard(path):
         raise OSError("it guards no operator in this build of PyTorch")
 
 
+def no_attention_rewrites():
+    """torch.compile's inductor rewrites a matmul-softmax-matmul into PyTorch's fused
+    attention: an honest answer, compiled, would call what the guard switches off. The
+    rewrite is switched off before any student code (a student who switches it back on
+    only refuses their own answer)."""
+    try:
+        from torch._inductor.fx_passes import fuse_attention
+    except Exception:  # noqa: BLE001 (no inductor in this PyTorch: nothing rewrites)
+        return
+    fuse_attention._sfdp_init = lambda *args, **kwargs: None
+
+
 def preload(guard=None):
     """What every kernel would import: done once here, shared by every fork."""
     import matplotlib
@@ -698,6 +710,7 @@ def preload(guard=None):
     except ImportError:
         pass
     if guard is not None:
+        no_attention_rewrites()
         try:
             load_guard(guard)
         except Exception as exc:  # noqa: BLE001 (the grader refuses to grade without it)
