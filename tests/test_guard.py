@@ -111,3 +111,48 @@ def test_an_honest_answer_compiled_with_torch_compile_is_not_refused():
         timeout=600,
     )
     assert done.stdout.strip().splitlines()[-1:] == ["computed"], done.stderr[-3000:]
+
+
+_FAKE_PROC = """
+import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+uid, gid = os.getuid(), os.getgid()
+# single-threaded still (as the sealed child is): a user and mount namespace of its own
+assert libc.unshare(0x10000000 | 0x00020000) == 0, "unshare"
+open("/proc/self/setgroups", "w").write("deny")
+open("/proc/self/uid_map", "w").write(f"0 {uid} 1")
+open("/proc/self/gid_map", "w").write(f"0 {gid} 1")
+import torch
+import torch.nn.functional as F
+sys.path.insert(0, sys.argv[1])
+from autograder.grading import guard, probe
+torch.ops.load_library(str(guard.library_path()))
+assert libc.mount(b"tmpfs", b"/proc", b"tmpfs", 0, None) == 0, "mount"
+os.makedirs("/proc/self")
+with open("/proc/self/status", "w") as f:
+    f.write(f"Seccomp:\\t2\\nSeccomp_filters:\\t0\\nNSpid:\\t{os.getpid()}\\n")
+probe.seal()
+probe.seal()
+q = torch.ones(1, 1, 2, 4)
+try:
+    F.scaled_dot_product_attention(q, q, q)
+    print("computed")
+except Exception as exc:
+    print("refused" if guard.MARK in str(exc) else f"error {exc}"[:300])
+"""
+
+
+def test_a_faked_proc_status_does_not_disarm_the_guard():
+    """A /proc mounted over (in a user namespace of the student's own) to show no
+    seccomp filter: the guard trusts only procfs, showing its own pid, and otherwise
+    counts itself armed."""
+    guard.ensure()
+    done = subprocess.run(
+        [sys.executable, "-c", _FAKE_PROC, str(REPO)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    if "unshare" in done.stderr or "mount" in done.stderr.splitlines()[-1:]:
+        pytest.skip("no user namespaces here")
+    assert done.stdout.strip().splitlines()[-1:] == ["refused"], done.stderr[-2000:]
