@@ -79,6 +79,9 @@ def _describe(exc):
     if isinstance(exc, _Missing):
         return str(exc)
     text = f"{type(exc).__name__}: {exc}"
+    refused = text.find("PyTorch's attention (")  # the guard's message, however wrapped
+    if refused > 0:
+        text = "RuntimeError: " + text[refused:]
     return text if len(text) <= _MAX_MESSAGE else text[: _MAX_MESSAGE - 3] + "..."
 
 
