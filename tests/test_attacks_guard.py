@@ -132,13 +132,31 @@ def scaled_dot_product_attention(q, k, v, mask=None):
         out = _cache.get(q.size(-2), q)
     return out, _weights(q, k, mask)
 """,
-    # new: a hook that stops the child from arming the guard (the probe's seal emptied)
+    # new: a hook that stops the child from sealing itself at all (the probe's seal
+    # emptied): no sealed child, no test runs
+    "hook_stops_sealing": _FUSED
+    + """
+def _unseal(result):
+    probe = get_ipython().user_ns.get("_grader" + "_probe")
+    if probe is not None:
+        probe.seal = lambda: None
+get_ipython().events.register("post_run_cell", _unseal)
+def scaled_dot_product_attention(q, k, v, mask=None):
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask), _weights(q, k, mask)
+""",
+    # new: a hook that lets the child seal itself once but not arm the guard (the
+    # probe's second seal emptied): the grader never sees the second filter
     "hook_stops_arming": _FUSED
     + """
 def _unarm(result):
     probe = get_ipython().user_ns.get("_grader" + "_probe")
-    if probe is not None:
-        probe.seal = lambda: None
+    if probe is not None and not hasattr(probe, "_calls"):
+        probe._calls, first = [], probe.seal
+        def once():
+            probe._calls.append(1)
+            if len(probe._calls) == 1:
+                first()
+        probe.seal = once
 get_ipython().events.register("post_run_cell", _unarm)
 def scaled_dot_product_attention(q, k, v, mask=None):
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask), _weights(q, k, mask)
@@ -271,6 +289,8 @@ def test_a_child_kept_from_arming_gets_no_grade(graded):
     result = graded["hook_stops_arming"]
     assert not result["graded"] and result["score"] == 0, result
     assert "attention" in result["message"], result["message"]
+    unsealed = graded["hook_stops_sealing"]
+    assert unsealed["score"] == 0, unsealed
 
 
 @pytest.mark.parametrize("cheat", sorted(FLAGGED_ONLY))
