@@ -156,3 +156,52 @@ def test_a_faked_proc_status_does_not_disarm_the_guard():
     if "unshare" in done.stderr or "mount" in done.stderr.splitlines()[-1:]:
         pytest.skip("no user namespaces here")
     assert done.stdout.strip().splitlines()[-1:] == ["refused"], done.stderr[-2000:]
+
+
+def test_the_python_attention_stubs_say_what_the_guard_says():
+    from autograder.grading import probe
+
+    for refuser, name in (
+        (probe._refuse_multi_head_attention_forward, "multi_head_attention_forward"),
+        (probe._refuse_multihead_attention, "nn.MultiheadAttention"),
+        (probe._refuse_flex_attention, "flex_attention"),
+    ):
+        with pytest.raises(RuntimeError) as raised:
+            refuser(1, two=2)
+        assert str(raised.value) == guard.refusal(name)
+        assert not refuser.__code__.co_names or set(refuser.__code__.co_names) <= {
+            "RuntimeError"
+        }  # no global name: its code can replace the original's
+
+
+def _window(tmp_path):
+    from autograder.grading.window import SealedWindow
+
+    plans = {
+        "tests": [
+            {"exercise": "a", "calls": [], "guarded": False},
+            {"exercise": "b", "calls": [], "guarded": True},
+            {"exercise": "c", "calls": [], "guarded": True},
+        ],
+        "seconds": 1.0,
+    }
+    return SealedWindow(lambda: None, tmp_path, plans, 1.0, 1.0, 1000)
+
+
+def test_the_window_hands_over_the_guarded_tests_second(tmp_path):
+    window = _window(tmp_path)
+    assert window._phase(False)["indices"] == [0]
+    assert window._phase(True)["indices"] == [1, 2]
+
+
+def test_a_guard_that_did_not_refuse_grades_nothing_of_its_phase(tmp_path):
+    window = _window(tmp_path)
+    window.results = [b"a", b"b", b"c"]
+    window.proof = "computed"
+    window._check_proof()
+    assert window.fault and "did not refuse" in window.fault
+    assert window.results == [b"a", None, None]
+    refused = _window(tmp_path)
+    refused.results, refused.proof = [b"a", b"b", b"c"], "refused"
+    refused._check_proof()
+    assert refused.fault is None and refused.results == [b"a", b"b", b"c"]
