@@ -205,3 +205,17 @@ def test_a_guard_that_did_not_refuse_grades_nothing_of_its_phase(tmp_path):
     refused.results, refused.proof = [b"a", b"b", b"c"], "refused"
     refused._check_proof()
     assert refused.fault is None and refused.results == [b"a", b"b", b"c"]
+
+
+def test_a_guard_that_cannot_load_refuses_to_grade(tmp_path, monkeypatch):
+    """A compiled guard that the zygote cannot load (here: not a library at all) stops
+    the sandbox before any kernel starts, with a message that names the guard."""
+    from autograder.grading.sandbox import Sandbox, SandboxUnavailable
+
+    monkeypatch.setenv(guard.CACHE_ENV, str(tmp_path))
+    broken = guard.library_path()
+    broken.parent.mkdir(parents=True)
+    broken.write_text("not a shared library")
+    with pytest.raises(SandboxUnavailable, match="attention guard") as raised:
+        Sandbox().close()
+    assert "Nothing was graded" in str(raised.value)
