@@ -223,7 +223,7 @@ def _recognise_mistake(
     reference = vars(tests.reference())
     for mistake in tests.mistakes_for(test.exercise):
         wrong = probe.run_test(
-            {**reference, test.exercise: mistake.impl}, prepared.unwatched_plan()
+            {**reference, test.exercise: mistake.impl}, prepared.plain_plan()
         )
         telling = [
             i

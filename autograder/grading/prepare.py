@@ -35,7 +35,7 @@ class PreparedTest:
     def guarded(self) -> bool:
         return bool(ATTENTION_FEATURES & set(self.test.forbidden))
 
-    def unwatched_plan(self, exercise: str | None = None) -> TestPlan:
+    def plain_plan(self, exercise: str | None = None) -> TestPlan:
         """The same calls for the grader's own implementations (the reference, a known
         mistake), run in the grader as they are."""
         return {
@@ -79,7 +79,7 @@ def prepare(
                 state = _randomised_state(module, g)
             calls.append(c.to_plan(state))
         p = PreparedTest(test, cases, calls, [])
-        p.expected = probe.run_test(reference, p.unwatched_plan())
+        p.expected = probe.run_test(reference, p.plain_plan())
         for outcome in p.expected:
             if "error" in outcome:
                 raise RuntimeError(

@@ -262,8 +262,8 @@ def seal():
 
 def _clear_hooks():
     """Python's tracing, profiling and monitoring hooks, which student code may have left
-    behind to run inside the tests, are removed (audit hooks cannot be: the grader's
-    reading of the code refuses them)."""
+    behind to run inside the tests, are removed (audit hooks cannot be: nothing of the
+    verdict rests on what they could change, and the attention guard is native)."""
     import gc
     import sys
     import threading

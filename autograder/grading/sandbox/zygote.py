@@ -699,7 +699,7 @@ def preload(guard=None):
     import numpy  # noqa: F401
     import torch  # noqa: F401
 
-    # the probe's watch on PyTorch calls: its first use imports torch._dynamo (seconds)
+    # what torch.compile and inductor's settings (``no_attention_rewrites``) need: seconds
     import torch._dynamo  # noqa: F401
     import torch.nn.functional  # noqa: F401
     import torch.overrides  # noqa: F401
