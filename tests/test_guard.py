@@ -3,6 +3,7 @@ process, PyTorch's attention computes while unarmed and every route to it is ref
 two seccomp filters arm it (tests/guard_routes.py tries them)."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -82,35 +83,46 @@ torch.ops.load_library(str(guard.library_path()))
 if sys.argv[2] == "rewrites off":
     zygote.no_attention_rewrites()
 
-def attention(q, k, v):
-    return torch.softmax(q @ k.transpose(-2, -1) / 8.0, dim=-1) @ v
+def attention(q, k, v):  # the shape of inductor's first attention pattern
+    return torch.matmul(q, k.transpose(-2, -1)).div(8.0).softmax(dim=-1).matmul(v)
 
 compiled = torch.compile(attention)
-q = torch.randn(2, 4, 16, 64)
-expected = attention(q, q, q)
-torch.testing.assert_close(compiled(q, q, q), expected)  # compiled while unarmed
-probe.seal()
-probe.seal()
-try:
-    torch.testing.assert_close(compiled(q, q, q), expected)
-    print("computed")
-except Exception as exc:
-    print("refused" if guard.MARK in str(exc) else f"error {exc}"[:300])
+q = torch.randn(4, 8, 128, 64)
+with torch.no_grad():
+    expected = attention(q, q, q)
+    torch.testing.assert_close(compiled(q, q, q), expected)  # compiled while unarmed
+    probe.seal()
+    probe.seal()
+    try:
+        torch.testing.assert_close(compiled(q, q, q), expected)
+        print("computed")
+    except Exception as exc:
+        print("refused" if guard.MARK in str(exc) else f"error {exc}"[:300])
 """
 
 
 @pytest.mark.slow
-def test_an_honest_answer_compiled_with_torch_compile_is_not_refused():
-    """inductor's rewrite of matmul-softmax-matmul into PyTorch's attention is switched
-    off in every kernel (the zygote's preload), so a compiled honest answer computes."""
+def test_an_honest_answer_compiled_with_torch_compile_is_not_refused(tmp_path):
+    """inductor rewrites matmul-softmax-matmul into PyTorch's fused attention (the
+    control shows it here); the zygote's preload switches that rewrite off in every
+    kernel, so a compiled honest answer computes with the guard armed."""
     guard.ensure()
-    done = subprocess.run(
-        [sys.executable, "-c", _COMPILED, str(REPO), "rewrites off"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.stdout.strip().splitlines()[-1:] == ["computed"], done.stderr[-3000:]
+    seen = {}
+    for mode in ("rewrites on", "rewrites off"):
+        done = subprocess.run(
+            [sys.executable, "-c", _COMPILED, str(REPO), mode],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            # a fresh compile cache: a graph cached with the rewrite would be reused
+            env={
+                **os.environ,
+                "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / mode.replace(" ", "_")),
+            },
+        )
+        seen[mode] = (done.stdout.strip().splitlines() or ["none"])[-1]
+        assert done.returncode == 0, done.stderr[-3000:]
+    assert seen == {"rewrites on": "refused", "rewrites off": "computed"}, seen
 
 
 _FAKE_PROC = """

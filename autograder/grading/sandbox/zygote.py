@@ -675,16 +675,46 @@ def load_guard(path):
         raise OSError("it guards no operator in this build of PyTorch")
 
 
+_FUSE_ATTENTION = "torch._inductor.fx_passes.fuse_attention"
+
+
+def _without_rewrites(module):
+    module._sfdp_init = lambda *args, **kwargs: None
+
+
+class _NoAttentionRewrites:
+    """Imports inductor's attention patterns with their registration emptied. A finder,
+    not an import here: inductor costs each kernel 40 MB of memory and address space,
+    and most notebooks never compile."""
+
+    def find_spec(self, name, path, target=None):
+        if name != _FUSE_ATTENTION:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(name, path, target)
+            if spec is not None and spec.loader is not None:
+                run = spec.loader.exec_module
+
+                def exec_module(module, run=run):
+                    run(module)
+                    _without_rewrites(module)
+
+                spec.loader.exec_module = exec_module
+                return spec
+        return None
+
+
 def no_attention_rewrites():
     """torch.compile's inductor rewrites a matmul-softmax-matmul into PyTorch's fused
     attention: an honest answer, compiled, would call what the guard switches off. The
     rewrite is switched off before any student code (a student who switches it back on
     only refuses their own answer)."""
-    try:
-        from torch._inductor.fx_passes import fuse_attention
-    except Exception:  # noqa: BLE001 (no inductor in this PyTorch: nothing rewrites)
-        return
-    fuse_attention._sfdp_init = lambda *args, **kwargs: None
+    if _FUSE_ATTENTION in sys.modules:
+        _without_rewrites(sys.modules[_FUSE_ATTENTION])
+    else:
+        sys.meta_path.insert(0, _NoAttentionRewrites())
 
 
 def preload(guard=None):
