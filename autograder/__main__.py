@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+from autograder import paths
+
 
 def _build(args) -> int:
     from autograder.build import build, stale_files
@@ -498,6 +500,7 @@ def main(argv=None) -> int:
     )
     grade.set_defaults(run=_grade)
     args = parser.parse_args(argv)
+    paths.put_tools_on_path()  # nbgrader's tools, from an environment never activated
     return args.run(args)
 
 

@@ -3,6 +3,8 @@
 import importlib.util
 import os
 import re
+import sys
+import sysconfig
 from functools import cache
 from pathlib import Path
 
@@ -49,6 +51,19 @@ def load_course_utils():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def put_tools_on_path() -> None:
+    """Put the running interpreter's scripts folder first on this process's PATH.
+
+    nbgrader runs its own tools by name (``alembic`` when it makes a gradebook), and
+    ``jupyter-book`` sits beside the interpreter too: an environment that was never
+    activated (an IDE, cron, a service) has them beside ``sys.executable`` but not on
+    PATH. Every subprocess the course starts inherits this."""
+    scripts = [str(Path(sys.executable).parent), sysconfig.get_path("scripts")]
+    current = [p for p in os.environ.get("PATH", "").split(os.pathsep) if p]
+    ahead = [p for p in dict.fromkeys(scripts) if p not in current[: len(scripts)]]
+    os.environ["PATH"] = os.pathsep.join([*ahead, *current])
 
 
 def env_with_repo_on_path() -> dict[str, str]:

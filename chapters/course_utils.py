@@ -93,13 +93,16 @@ def passed(what: str) -> None:
 def glue(name: str, value) -> None:
     """Hand ``value`` to the book's prose, which quotes it as ``{glue:text}`name```.
 
-    In the book build this is myst-nb's ``glue``, so every number the text quotes is the
-    number this run computed. In a student notebook it does nothing: the text there points
-    at the output above instead."""
-    try:
-        from myst_nb import glue as myst_glue
-    except ImportError:
+    In the book (the chapters import this module) it is myst-nb's ``glue``, so every
+    number the text quotes is the number this run computed. A student notebook carries a
+    copy of this module in a cell of its own (``__name__`` is ``__main__`` there), where
+    the text says "[name: see the output above]": so it prints that line."""
+    if __name__ != "course_utils":
+        shown = f"{value:.4g}" if isinstance(value, float) else value
+        print(f"{name.replace('_', ' ')}: {shown}")
         return
+    from myst_nb import glue as myst_glue
+
     myst_glue(name, value, display=False)
 
 

@@ -3,12 +3,15 @@
 import ast
 import importlib
 import inspect
+import os
+import shutil
+import subprocess
+import sys
 
 import jupytext
 import pytest
 
 from autograder import paths
-from autograder.build import stale_files
 from autograder.build.solution_cells import exercise_names
 from autograder.grading.spec import load_chapter_tests
 from tests.notebooks import CHAPTERS, answers, release_notebook, source_notebook
@@ -41,10 +44,39 @@ def _signatures(obj) -> dict[str, inspect.Signature]:
     return {"": inspect.signature(obj)}
 
 
-def test_committed_notebooks_are_fresh():
-    assert stale_files() == [], (
-        "run `python -m autograder build` and commit the notebooks"
+def test_committed_notebooks_are_fresh_from_an_environment_never_activated():
+    # What an IDE, cron or a service runs: this interpreter by its full path, with none of
+    # its environment's tools (nbgrader's alembic, say) on PATH.
+    bare = {k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV"}
+    bare["PATH"] = "/usr/bin:/bin"
+    run = subprocess.run(
+        [sys.executable, "-m", "autograder", "build", "--check"],
+        cwd=paths.REPO, env=bare, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert "Traceback" not in run.stderr, run.stderr[-3000:]
+    assert run.returncode == 0, (
+        f"{run.stdout}\nrun `python -m autograder build` and commit the notebooks"
     )
+
+
+def test_a_build_that_fails_leaves_every_derived_file_as_it_was(tmp_path, monkeypatch):
+    import autograder.build as build_module
+
+    chapter = CHAPTERS[0]
+    shutil.copytree(paths.COURSE_ROOT / "release", tmp_path / "release")
+    shutil.copytree(paths.COURSE_ROOT / "source", tmp_path / "source")
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*.ipynb")}
+
+    def failing(
+        chapter, root
+    ):  # nbgrader --force empties the release folder, then fails
+        shutil.rmtree(paths.release_notebook(chapter, root).parent, ignore_errors=True)
+        raise build_module.BuildError("nbgrader generate_assignment failed")
+
+    monkeypatch.setattr(build_module, "generate_release", failing)
+    with pytest.raises(build_module.BuildError):
+        build_module.build(tmp_path, [chapter])
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*.ipynb")} == before
 
 
 def test_each_stub_signature_equals_its_reference(chapter):

@@ -39,24 +39,38 @@ for i in range(1500):
     c.send(data={'method': 'update', 'state': {f'k{i}': chunk}, 'buffer_paths': []})
 """
 
-# Replaces torch.save, which the probe uses to write each hidden test's result: the
-# 1st test's result becomes a 20 MB error, the 4th's outcomes lack their keys, the
-# 5th's is no list. Test i writes result_i.pt (execute._probe_cells).
+# Replaces open(), which the probe uses to write each hidden test's result file, so that
+# the 1st test's result becomes a 20 MB error, the 4th's outcomes lack their keys and the
+# 5th's is no list. Test i writes result_i.res (probe.result_name).
 FORGE_RESULTS = f"""
-import torch as _torch
-_real_save = _torch.save
+import builtins, json
+_real_open = builtins.open
 
-def _forged_save(obj, path, *args, **kwargs):
-    name = str(path)
-    if "result_0.pt" in name:
-        obj = [{{"error": "E" * {HUGE_ERROR}}} for _ in obj]
-    elif "result_3.pt" in name:
-        obj = [{{"valu": 1}} for _ in obj]
-    elif "result_4.pt" in name:
-        obj = "passed"
-    return _real_save(obj, path, *args, **kwargs)
+def _result(outcomes):
+    header = json.dumps({{"outcomes": outcomes, "tensors": []}}).encode()
+    return b"AGR1" + len(header).to_bytes(4, "little") + header
 
-_torch.save = _forged_save
+class _Forging:
+    def __init__(self, file, name):
+        self.file, self.name = file, name
+    def __enter__(self):
+        return self
+    def __exit__(self, *exc):
+        self.file.close()
+    def write(self, data):
+        if "result_0.res" in self.name:
+            data = _result([{{"error": "E" * {HUGE_ERROR}}}])
+        elif "result_3.res" in self.name:
+            data = _result([{{"valu": 1}}])
+        elif "result_4.res" in self.name:
+            data = _result("passed")
+        return self.file.write(data)
+
+def _open(file, mode="r", *args, **kwargs):
+    opened = _real_open(file, mode, *args, **kwargs)
+    return _Forging(opened, str(file)) if "result_" in str(file) else opened
+
+builtins.open = _open
 """
 FORGED = {"sdpa_basic", "causal_mask_values", "padding_mask_values"}
 
@@ -112,6 +126,39 @@ def test_forged_results_fail_only_their_tests_with_a_message(tmp_path):
     for test_id in ("causal_mask_values", "padding_mask_values"):
         assert "could not be read" in tests[test_id]["message"], tests[test_id]
     assert len(json.dumps(result)) < 20_000
+    assert graded["grown_mb"] < 300, graded["grown_mb"]
+
+
+# In the sealed child, the first call writes five sparse result files of 256 MB (no disk
+# used) for the tests still to come, and ends the child; the cells leave one more before
+# the window opens. Read whole, they cost the grader 1.5 GB per notebook.
+SPARSE_RESULTS = """
+import os
+from ipykernel import get_connection_file
+_kernel, _folder = os.getpid(), os.path.dirname(get_connection_file())
+_answer = scaled_dot_product_attention
+
+def scaled_dot_product_attention(q, k, v, mask=None):
+    if os.getpid() != _kernel:  # the sealed child
+        for i in range(1, 6):
+            with open(os.path.join(_folder, f"result_{i}.res"), "wb") as f:
+                f.truncate(256 * 2**20)
+        os._exit(0)
+    return _answer(q, k, v, mask)
+
+with open(os.path.join(_folder, "result_7.res"), "wb") as f:
+    f.truncate(256 * 2**20)
+"""
+
+
+@pytest.mark.slow
+def test_sparse_result_files_leave_the_grader_within_its_bound(tmp_path):
+    graded = _grade_and_measure(write(_with_cell(SPARSE_RESULTS), tmp_path / "s.ipynb"))
+    result = graded["result"]
+    assert result["graded"] and result["score"] == 0, result
+    messages = " ".join(t["message"] for t in result["tests"])
+    assert "could not be read" in messages or "ended" in messages, messages
+    # read whole, the files would have cost 6 x 256 MB
     assert graded["grown_mb"] < 300, graded["grown_mb"]
 
 

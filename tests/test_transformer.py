@@ -3,13 +3,12 @@ tell right from wrong answers written outside the mistake catalogue."""
 
 import math
 
-import jupytext
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from autograder import paths
+from autograder.build import stub_copies
 from solutions import multi_head, positional_encoding, self_attention
 from solutions import transformer as tr
 
@@ -26,29 +25,8 @@ from tests.notebooks import answers, release_notebook
 
 CHAPTER = "06_transformer"
 
+
 # Exercise 0: the earlier chapters' exercises that chapter 6 builds on.
-_EARLIER = {
-    "03_self_attention": ["causal_mask"],
-    "04_multi_head": ["attention", "split_heads", "merge_heads", "MultiHeadAttention"],
-    "05_positional_encoding": ["sinusoidal_encoding"],
-}
-
-
-def _stub_sources(chapter):
-    """Each top-level definition of the chapter's exercise cells, as its list of lines."""
-    import ast
-
-    found = {}
-    for cell in jupytext.read(paths.chapter_source(chapter)).cells:
-        if "exercise" not in cell.metadata.get("tags", []):
-            continue
-        lines = cell.source.splitlines()
-        for node in ast.parse(cell.source).body:
-            if isinstance(node, ast.FunctionDef | ast.ClassDef):
-                found[node.name] = lines[node.lineno - 1 : node.end_lineno]
-    return found
-
-
 def _randomise(*modules, std=0.3):
     """Random weights everywhere, layer norms included (their 1 and 0 hide mistakes)."""
     with torch.no_grad():
@@ -310,13 +288,20 @@ def test_transformer_embeds_scales_and_adds_positions():
 
 
 def test_exercise_0_is_the_earlier_chapters_exercises_with_their_references():
-    """Exercise 0's stubs are the stubs of the chapters they come from (same signatures and
-    docstrings), and chapter 6's references compute what those chapters' references do."""
-    own = _stub_sources(CHAPTER)
-    for chapter, names in _EARLIER.items():
-        theirs = _stub_sources(chapter)
-        for name in names:
-            assert own[name] == theirs[name], name
+    """Exercise 0's stubs are derived from the chapters they come from (``stub_copies``:
+    a changed stub there makes this chapter stale), and chapter 6's references compute
+    what those chapters' references do."""
+    assert not stub_copies.stale(CHAPTER)
+    original = stub_copies._stubs
+    changed = dict(original("03_self_attention"))
+    changed["causal_mask"] = changed["causal_mask"].replace("left-to-right", "causal")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(
+            stub_copies,
+            "_stubs",
+            lambda ch: changed if ch == "03_self_attention" else original(ch),
+        )
+        assert stub_copies.stale(CHAPTER)
     for n in (1, 5):
         assert torch.equal(tr.causal_mask(n), self_attention.causal_mask(n))
     for shape in ((9, 6), (200, 512)):
@@ -345,9 +330,11 @@ def test_the_student_notebook_gives_no_answer_of_an_earlier_chapter():
         c.source for c in release_notebook(CHAPTER).cells if c.cell_type == "code"
     )
     stub_lines = {
-        line.strip() for source in _stub_sources(CHAPTER).values() for line in source
+        line.strip()
+        for source in stub_copies._stubs(CHAPTER).values()
+        for line in source.splitlines()
     }
-    for chapter in _EARLIER:
+    for chapter in ("03_self_attention", "04_multi_head", "05_positional_encoding"):
         for answer in answers(chapter).values():
             for line in answer.splitlines():
                 line = line.strip()

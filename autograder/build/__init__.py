@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -34,6 +35,7 @@ import jupytext
 import nbformat
 
 from autograder import paths
+from autograder.build import stub_copies
 from autograder.build.solution_cells import (
     exercise_names,
     fill_solutions,
@@ -306,18 +308,35 @@ def generate_release(chapter: str, root: Path) -> None:
 
 
 def build(
-    root: Path = paths.COURSE_ROOT, chapters: list[str] | None = None
+    root: Path = paths.COURSE_ROOT,
+    chapters: list[str] | None = None,
+    refresh_sources: bool = True,
 ) -> list[Path]:
-    """Write source and release notebooks under the course root ``root``; returns them."""
+    """Write source and release notebooks under the course root ``root``; returns them
+    (and the chapters whose derived stub cells it rewrote, ``stub_copies``, unless
+    ``refresh_sources`` is False).
+
+    Each chapter is generated in a scratch course root first (nbgrader's --force empties
+    the release folder before it writes), and its notebooks replace the ones in ``root``
+    only once both exist: a build that fails leaves every derived file as it was."""
     written = []
     for chapter in chapters or graded_chapters():
+        if refresh_sources and stub_copies.refresh(chapter):
+            written.append(paths.chapter_source(chapter))
         tests = load_chapter_tests(chapter)
-        _write(source_notebook(chapter, tests), paths.nbgrader_source(chapter, root))
-        generate_release(chapter, root)
-        written += [
-            paths.nbgrader_source(chapter, root),
-            paths.release_notebook(chapter, root),
-        ]
+        with tempfile.TemporaryDirectory() as tmp:
+            scratch = Path(tmp)
+            shutil.copy(paths.COURSE_ROOT / "nbgrader_config.py", scratch)
+            _write(
+                source_notebook(chapter, tests), paths.nbgrader_source(chapter, scratch)
+            )
+            generate_release(chapter, scratch)
+            for where in (paths.nbgrader_source, paths.release_notebook):
+                target = where(chapter, root)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(where(chapter, scratch), target.with_suffix(".part"))
+                os.replace(target.with_suffix(".part"), target)
+                written.append(target)
     return written
 
 
@@ -326,12 +345,16 @@ def _content(path: Path):
 
 
 def stale_files() -> list[str]:
-    """Committed derived notebooks that differ from a fresh build (empty when all are fresh)."""
+    """Committed derived files (notebooks, and chapter 6's copied stubs) that differ from a
+    fresh build (empty when all are fresh)."""
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        shutil.copy(paths.COURSE_ROOT / "nbgrader_config.py", root)
-        stale = []
-        for fresh in build(root):
+        stale = [
+            str(paths.chapter_source(chapter).relative_to(paths.REPO))
+            for chapter in graded_chapters()
+            if stub_copies.stale(chapter)
+        ]
+        for fresh in build(root, refresh_sources=False):
             committed = paths.COURSE_ROOT / fresh.relative_to(root)
             if _content(committed) != _content(fresh):
                 stale.append(str(committed.relative_to(paths.REPO)))

@@ -6,7 +6,6 @@ see ``judge.py``."""
 from __future__ import annotations
 
 import atexit
-import io
 import os
 import signal
 import threading
@@ -15,11 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import nbformat
-import torch
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionComplete, DeadKernelError
 
-from autograder.grading import guard, outcomes, probe
+from autograder.grading import guard, probe, result_reader
 from autograder.grading.limits import Limits
 from autograder.grading.prepare import PreparedTest
 from autograder.grading.sandbox import kill_kernel
@@ -165,7 +163,7 @@ def run_notebook(
     if window.problem and not run.died_in_test:
         run.errors.append(window.problem)
     run.errors += _problems(client, numbers, limits)
-    got = [_read_result(raw, limits) for raw in window.results]
+    got = [_read_result(raw) for raw in window.results]
     return got, run
 
 
@@ -287,18 +285,12 @@ def _problems(client: QuietClient, numbers: list[int], limits: Limits) -> list[s
     return problems
 
 
-def _read_result(raw: bytes | None, limits: Limits) -> list[dict] | str | None:
-    """A test's saved outcomes, validated (the student's code may have shaped them);
-    None when none came, a message for the student when they are no result."""
-    if raw is None:
-        return None
-    if len(raw) > limits.result_mb * 2**20:
-        return f"{outcomes.UNREADABLE} (larger than {limits.result_mb} MB)"
-    try:
-        loaded = torch.load(io.BytesIO(raw), weights_only=True)
-    except Exception as exc:  # noqa: BLE001 (whatever student code did to the file, it is no result)
-        return f"{outcomes.UNREADABLE} ({type(exc).__name__})"
-    return outcomes.validated(loaded)
+def _read_result(raw: bytes | str | None) -> list[dict] | str | None:
+    """A test's outcomes, decoded and validated (the student's code may have shaped
+    them); None when none came, a message for the student when they are no result."""
+    if raw is None or isinstance(raw, str):
+        return raw
+    return result_reader.decode(raw)
 
 
 def _kernel_environment() -> dict[str, str]:

@@ -23,7 +23,10 @@ class Limits:
     # size of each of /submission, /tmp and /dev/shm (tmpfs: it counts as memory too)
     disk: str = "256m"
     file_mb: int = 256  # largest file the kernel may write (RLIMIT_FSIZE)
-    result_mb: int = 256  # largest result file the grader will read back
+    # all the result files of one submission's hidden tests together: what the grader
+    # reads back (the largest right answer's are under 2 MB); its memory for them stays
+    # under result_reader.MEMORY_FACTOR times this, whatever the files hold
+    result_mb: int = 32
     # all a kernel may write to its kernel directory, on the grader's disk (its result
     # files, its log): past it, or past 4096 files, the kernel is killed
     kernel_dir_mb: int = 256

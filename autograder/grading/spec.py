@@ -121,6 +121,11 @@ class HiddenTest:
     # "transformer_layer") is switched off while the test runs (grading/guard); any
     # other is a remark in the feedback, never a point.
     forbidden: tuple[str, ...] = ()
+    # For a module exercise whose answer is a discrete choice (an argmax): True when the
+    # reference, loaded with a case's drawn weights, decides every choice by a margin that
+    # round-off cannot flip. Weights that fail are drawn again, so a correct answer never
+    # loses a point to a near-tie (prepare.prepare).
+    decisive: Callable[[Any, Case], bool] | None = None
 
     def __post_init__(self) -> None:
         if self.level not in LEVELS:

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-from autograder.grading import guard, probe
+from autograder.grading import guard, probe, result_reader
 
 _POLL = 0.005  # seconds between two looks at the kernel's processes
 _SPARE = 64 * 2**20  # free disk below which a missing result may be the grader's fault
@@ -174,7 +174,7 @@ def thaw(pids: set[int]) -> None:
 class SealedWindow(threading.Thread):
     """Runs beside nbclient while the kernel executes the probe cell (see the module's
     docstring). ``results`` holds each test's result file as bytes (None where none
-    came), ``problem`` says why there were none."""
+    came, a message where it could not be read), ``problem`` says why there were none."""
 
     def __init__(
         self,
@@ -190,7 +190,7 @@ class SealedWindow(threading.Thread):
         self.kernel_pid, self.folder, self.plans = kernel_pid, Path(folder), plans
         self.guard = None if guard is None else Path(guard)
         self.seconds, self.wait, self.max_bytes = seconds, wait, max_bytes
-        self.results: list[bytes | None] = [None] * len(plans["tests"])
+        self.results: list[bytes | str | None] = [None] * len(plans["tests"])
         self.problem: str | None = None
         # the grader's own failure: the notebook gets no grade
         self.fault: str | None = None
@@ -285,6 +285,10 @@ class SealedWindow(threading.Thread):
         past its time: each test's limit, and a little more)."""
         first, second = self._phase(False), self._phase(True)
         first["guarded"] = len(second["tests"])
+        for stale in self.folder.glob("result_*"):  # left by the cells: no test ran yet
+            stale.unlink(missing_ok=True)
+        for stale in (probe.PROOF, probe.UNARMED, probe.GUARDED_PLANS):
+            (self.folder / stale).unlink(missing_ok=True)
         try:
             fd = os.pidfd_open(child)
         except OSError:
@@ -298,6 +302,8 @@ class SealedWindow(threading.Thread):
                     self.fault = self.fault or self._unarmed_why(child)
                     signal.pidfd_send_signal(fd, signal.SIGKILL)
                     return
+                for i in second["indices"]:  # none may come from the first phase
+                    (self.folder / probe.result_name(i)).unlink(missing_ok=True)
                 self._write(probe.GUARDED_PLANS, second)
                 last = second["indices"][-1]
             elif first["tests"]:
@@ -384,15 +390,13 @@ class SealedWindow(threading.Thread):
                 self.results[i] = None
 
     def _collect(self) -> None:
-        """Read each result file (at most ``max_bytes``), then delete what the window
+        """Read each result file (all of them together at most ``max_bytes``), then delete what the window
         wrote or received: nothing stays for the thawed processes to read or change."""
+        budget = result_reader.Budget(self.max_bytes)  # all the tests' files together
         for i in range(len(self.results)):
-            path = self.folder / probe.result_name(i)
-            try:
-                if path.stat().st_size <= self.max_bytes:
-                    self.results[i] = path.read_bytes()
-            except OSError:
-                pass
+            self.results[i] = result_reader.read_file(
+                self.folder / probe.result_name(i), budget
+            )
         free = os.statvfs(self.folder)
         if None in self.results and free.f_bavail * free.f_frsize < _SPARE:
             self.fault = f"the disk that holds {self.folder.parent} is full"

@@ -112,7 +112,7 @@ TESTS = [
         id="pe_sinusoidal_wide",
         exercise="sinusoidal_encoding",
         points=1,
-        description="the encoding of wide models (d_model = 96 and 512) over hundreds of positions",
+        description="the encoding of wide models (d_model = 96 and 512) over up to 200 positions",
         make_cases=_sinusoidal_wide_cases,
         level="model",
     ),

@@ -212,6 +212,29 @@ def _greedy_cases(g):
     return cases
 
 
+# Round-off in a correct answer's logits is about 1e-6; a next-token choice closer than
+# this is a near-tie the test must not depend on.
+_GREEDY_MARGIN = 1e-3
+
+
+def _decisive_greedy(model, c) -> bool:
+    """Whether the reference decodes case ``c`` with every step's best token ahead of the
+    second by at least ``_GREEDY_MARGIN`` (the steps of its greedy_decode, margins kept)."""
+    src, max_len, bos = c.args
+    src_mask = c.kwargs.get("src_mask")
+    model.eval()
+    with torch.no_grad():
+        memory = model.encode(src, src_mask)
+        ys = torch.full((src.size(0), 1), bos, dtype=torch.long)  # (B, 1)
+        for _ in range(max_len):
+            logits = model.decode(ys, memory, src_mask)[:, -1]  # (B, tgt_vocab)
+            best, second = logits.topk(2, dim=-1).values.unbind(-1)  # (B,), (B,)
+            if (best - second).min() < _GREEDY_MARGIN:
+                return False
+            ys = torch.cat([ys, logits.argmax(-1, keepdim=True)], dim=1)  # (B, t + 1)
+    return True
+
+
 # The layers are built on the student's own chapter-4 attention: no PyTorch layer, no fused
 # attention behind them.
 _OWN_LAYERS = ("transformer_layer", "mha", "sdpa")
@@ -357,6 +380,7 @@ TESTS = [
         points=2,
         description="greedy_decode appends the most probable next token max_len times, from the start token",
         make_cases=_greedy_cases,
+        decisive=_decisive_greedy,
         level="exact",
         forbidden=_OWN_LAYERS,
     ),

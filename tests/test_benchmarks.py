@@ -1,0 +1,24 @@
+"""The benchmarks run: a GPU figure the book quotes comes from a script that still works."""
+
+import json
+import subprocess
+import sys
+
+from autograder import paths
+
+
+def test_the_gpu_benchmark_runs_and_records_machine_versions_and_date(tmp_path):
+    out = tmp_path / "gpu_attention.json"
+    run = subprocess.run(
+        [sys.executable, "benchmarks/gpu_attention.py", str(out), "--device", "cpu",
+         "--lengths", "64", "--reps", "1"],
+        cwd=paths.REPO, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    record = json.loads(out.read_text())
+    assert {"device", "torch", "python", "date"} <= set(record["machine"])
+    unfused = [r for r in record["rows"] if r["method"] == "unfused"]
+    assert len(unfused) == 2 and all(
+        r["ms"] > 0 for r in unfused
+    )  # forward, and backward
+    assert any(r["method"].startswith("course flash_attention") for r in record["rows"])
