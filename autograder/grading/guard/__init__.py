@@ -6,6 +6,11 @@ seconds) into a cache folder and returns the path of the shared library; the san
 zygote loads it before any student code (``sandbox/zygote.py``), and the sealed child
 arms it by adding seccomp filters, which nothing in Python can take away. Where it cannot
 be built or loaded, ``GuardUnavailable`` says why: nothing is graded without it.
+
+Measured on the 2-core CI machine (torch 2.13 CPU): about 12 s to compile (10 s of CPU),
+under 1 ms to load, and no difference measurable above the machine's noise in a call of
+PyTorch's attention while unarmed (one ``prctl`` per call; about 6 to 9 us a call of a tiny
+``scaled_dot_product_attention`` either way). Tried routes: ``tests/guard_routes.py``.
 """
 
 from __future__ import annotations
