@@ -158,6 +158,21 @@ SCRATCH_CELLS = [
     "with torch.profiler.profile() as prof:\n"
     "    torch.ones(2) + 1\n"
     "print(len(prof.key_averages()))",
+    # counting calls with a mode of their own, as chapter 7 teaches
+    "import torch\nfrom torch.overrides import TorchFunctionMode\n"
+    "class CountCalls(TorchFunctionMode):\n"
+    "    calls = 0\n"
+    "    def __torch_function__(self, func, types, args=(), kwargs=None):\n"
+    "        CountCalls.calls += 1\n"
+    "        return func(*args, **(kwargs or {}))\n"
+    "with CountCalls():\n"
+    "    torch.ones(3).softmax(-1).sum()\n"
+    "print(CountCalls.calls)",
+    # PyTorch's own module tried on a random tensor, touching no answer
+    "import torch\nmha_mine = torch.nn.MultiheadAttention(8, 2, batch_first=True).eval()\n"
+    "x_mine = torch.randn(1, 4, 8)\n"
+    "with torch.no_grad():\n"
+    "    print(mha_mine(x_mine, x_mine, x_mine)[0].shape)",
 ]
 
 

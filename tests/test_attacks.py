@@ -13,6 +13,7 @@ import sys
 import pytest
 
 from autograder import paths
+from autograder.grading import guard
 from autograder.grading.spec import load_chapter_tests
 from tests.attack_cells import PATCH_COMPARISONS, STEAL, stub_with_cell
 from tests.notebooks import (
@@ -228,12 +229,11 @@ def test_deleting_given_cells_changes_nothing(attacked):
 
 
 def test_stealing_works_without_the_sandbox_so_the_attack_is_real(unjailed):
-    # its top-level exec could hide a way around the delegation watch, so the tests that
-    # forbid delegation are refused for review; the others get the stolen points
+    # without the jail the reference answers are read and run: they earn points, and its
+    # top-level exec is flagged for the instructor's review (never a point either way)
     stolen = unjailed["steal_reference"]
     assert stolen["score"] > 0
-    for test in stolen["tests"]:
-        assert test["passed"] or "ask your instructor to review it" in test["message"]
+    assert any("exec" in f for f in stolen["flags"]), stolen["flags"]
 
 
 @pytest.mark.parametrize("name", ["delegate", "delegate_hidden"])
@@ -241,28 +241,25 @@ def test_delegating_to_pytorch_earns_nothing_and_says_why(attacked, name):
     tests = {t["id"]: t for t in attacked[name]["tests"]}
     for test_id in ("sdpa_basic", "sdpa_masked", "sdpa_edge_cases"):
         assert tests[test_id]["score"] == 0
+        # PyTorch's attention is switched off while these tests run: the guard's message
         message = tests[test_id]["message"]
-        if name == "delegate":
-            assert "F.scaled_dot_product_attention" in message
-            assert "write it yourself" in message
-        else:  # a name built at run time is a way around the watch: for review
-            assert "names built at run time (`getattr`)" in message
-            assert "ask your instructor to review it" in message
+        assert (
+            message.startswith(guard.MARK) and "write the attention yourself" in message
+        )
     # the other exercises are the student's own work and keep their points
     assert tests["causal_mask_values"]["score"] == 1
 
 
 def test_processes_a_submission_starts_die_with_its_kernel(attacked):
-    # a process started by the student's code could compute for an exercise unseen, so
-    # tests that forbid delegation are refused for review; the others keep their points
-    for test in attacked["daemon"]["tests"]:
-        assert test["passed"] or "ask your instructor to review it" in test["message"]
+    # a process started by the student's code cannot reach the sealed child: the answers
+    # are the student's own and keep their points
     assert attacked["daemon"]["score"] > 0
     leftover = subprocess.run(["pgrep", "-f", "sleep 987"], capture_output=True)
     assert leftover.returncode == 1, leftover.stdout
 
 
-# Chapter 8: delegation hidden by switching PyTorch's watchers off (the issue's evasion).
+# Chapter 8: delegation hidden by switching PyTorch's watchers off (round 3's evasion):
+# the kernels are switched off below any watcher.
 FLASH = "08_efficient_attention"
 SWITCHED_OFF = """
 import torch
@@ -305,7 +302,7 @@ def switched_off(tmp_path_factory):
     return dict(zip(notebooks, results, strict=True))
 
 
-def test_switching_the_watch_off_earns_what_a_wrong_answer_earns(switched_off):
+def test_switching_pytorchs_modes_off_earns_what_a_wrong_answer_earns(switched_off):
     evasion, wrong = switched_off["evasion"], switched_off["wrong"]
     assert evasion["score"] == wrong["score"] < evasion["max_score"], evasion
     assert scores_by_test(evasion) == scores_by_test(wrong)
@@ -317,8 +314,8 @@ def test_switching_the_watch_off_earns_what_a_wrong_answer_earns(switched_off):
     assert flash
     for test in flash:
         assert test["score"] == 0
-        assert "switches off or works around the grader's watch" in test["message"]
-        assert "ask your instructor to review it" in test["message"]
+        assert test["message"].startswith(guard.MARK), test["message"]
+    assert any("torch._C" in f for f in evasion["flags"]), evasion["flags"]
 
 
 if __name__ == "__main__":  # pragma: no cover

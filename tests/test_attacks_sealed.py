@@ -1,5 +1,5 @@
 """Round-3 attacks by a student who has read the grader: on the hidden tests' plans, on the
-sealed child that runs them, and on the watch. Each attack is graded in one batch beside
+sealed child that runs them, and on what was the watch (now the attention guard). Each attack is graded in one batch beside
 the same wrong answer alone (chapter 3 with unscaled scores) and must earn no more than
 it; an honest notebook graded in the same batch keeps full marks.
 
@@ -11,6 +11,7 @@ import json
 
 import pytest
 
+from autograder.grading import guard
 from tests.notebooks import grade_cli, student_notebook, with_extra_cell, write
 
 pytestmark = pytest.mark.slow
@@ -38,8 +39,8 @@ def _harvest_once():
             continue
         tests = plan["tests"] if isinstance(plan, dict) and "tests" in plan else [plan]
         for test in tests:
-            if isinstance(test, dict) and isinstance(test.get("watch"), list):
-                test["watch"].clear()  # and rewrite what the probe watches
+            if isinstance(test, dict) and "guarded" in test:
+                test["guarded"] = False  # and rewrite the phase the test runs in
             for call in test.get("calls", []) if isinstance(test, dict) else []:
                 args = call["args"]
                 if len(args) >= 3 and all(isinstance(a, torch.Tensor) for a in args[:3]):
@@ -79,7 +80,7 @@ def scaled_dot_product_attention(q, k, v, mask=None):
 ATTACKS = {
     # the issue's example: the plans read at top level, the answers computed there
     "plans_at_top_level": _ANSWERS + "_harvest_once()\n",
-    # and rewritten (the watch emptied), with the fused function bound inside an `if`
+    # and rewritten, with the fused function bound inside an `if`
     "watch_emptied_if_bound": _ANSWERS
     + """
 _harvest_once()
@@ -241,10 +242,11 @@ def test_an_attack_earns_no_more_than_the_wrong_answer_alone(graded, attack):
 @pytest.mark.parametrize(
     "attack", ["multi_head_forward", "aten_operator", "patched_loader"]
 )
-def test_library_attention_by_any_route_is_named(graded, attack):
+def test_library_attention_by_any_route_is_switched_off(graded, attack):
     sdpa = [t for t in graded[attack]["tests"] if t["id"].startswith("sdpa")]
     assert sdpa and all(t["score"] == 0 for t in sdpa)
-    assert any("PyTorch's own attention" in t["message"] for t in sdpa), sdpa
+    if attack != "patched_loader":  # its loader fails while the plans are read
+        assert any(t["message"].startswith(guard.MARK) for t in sdpa), sdpa
 
 
 def test_a_window_the_grader_cannot_open_is_no_grade(tmp_path, monkeypatch):

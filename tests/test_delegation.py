@@ -1,25 +1,22 @@
-"""Delegation to PyTorch is recognised both ways: reading the code, and watching it run."""
+"""Reading the student's code: it finds PyTorch features on an exercise's call path, adds
+remarks for features that are not attention, and flags for review what no honest answer
+needs; it never takes a point. PyTorch's attention itself is switched off by the guard
+(tests/test_guard.py), and a refused call fails its test with the guard's message."""
 
-import json
-import os
-import subprocess
-import sys
+import inspect
+import textwrap
 
 import torch.nn.functional as F
 
-from autograder import paths
-from autograder.grading.delegation import (
-    FEATURES,
-    features_in,
-    refusal,
-    static_tampering,
-    static_uses,
-    tampering_in,
-)
-from autograder.grading.spec import load_chapter_tests
+from autograder.grading import delegation, guard
+from autograder.grading.delegation import FEATURES, flags, remarks, static_uses
+from autograder.grading.judge import verdict
+from autograder.grading.prepare import prepare
+from autograder.grading.spec import graded_chapters, load_chapter_tests
+from autograder.grading.student_code import StudentCode
 from solutions import self_attention as sa
-from tests.answers import verdicts
-from tests.notebooks import COLAB_CELLS, SCRATCH_CELLS
+from tests.answers import code_of, verdicts
+from tests.notebooks import COLAB_CELLS, SCRATCH_CELLS, answers
 
 OWN = """
 import math, torch
@@ -79,26 +76,55 @@ def test_unparseable_cells_are_skipped_not_fatal():
     assert _sdpa("def broken(:\n") == []
 
 
-def _delegating(q, k, v, mask=None):
-    fn = getattr(
-        F, "scaled_dot_" + "product_attention"
-    )  # invisible to reading the code
-    out = fn(q, k, v, attn_mask=mask)
-    return out, sa.scaled_dot_product_attention(q, k, v, mask)[1]
-
-
-def test_delegation_seen_while_running_fails_with_a_message():
+def test_the_reference_passes_with_nothing_to_remark():
     tests = load_chapter_tests("03_self_attention")
-    results = verdicts(tests, {**vars(sa), "scaled_dot_product_attention": _delegating})
-    for test_id in ("sdpa_basic", "sdpa_masked", "sdpa_edge_cases"):
-        assert not results[test_id].passed
-        assert FEATURES["sdpa"].description in results[test_id].message
-    assert results["causal_mask_values"].passed  # other exercises are unaffected
+    for v in verdicts(tests, vars(sa)).values():
+        assert v.passed and "Remark" not in v.message
 
 
-def test_the_reference_is_not_flagged():
+def test_a_call_the_guard_refused_fails_with_the_guards_message_alone():
     tests = load_chapter_tests("03_self_attention")
-    assert all(v.passed for v in verdicts(tests, vars(sa)).values())
+    (p,) = prepare(tests, [tests.test("sdpa_basic")], 0)
+    error = "RuntimeError: " + guard.refusal("scaled_dot_product_attention")
+    got = [
+        {"error": error + "\nException raised from operator() at guard.cpp:1"}
+    ] * len(p.cases)
+    found = verdict(tests, p, got, StudentCode([OWN]))
+    assert not found.passed
+    assert found.message == guard.refusal("scaled_dot_product_attention")
+    assert found.refused.startswith(guard.MARK)
+
+
+def test_reading_the_code_never_takes_a_point():
+    """A first try that calls PyTorch's attention above the answer, a scratch cell
+    comparing with it, an alias: the verdict rests on what the answer returns."""
+    tests = load_chapter_tests("03_self_attention")
+    (p,) = prepare(tests, [tests.test("sdpa_basic")], 0)
+    from autograder.grading import probe
+
+    got = probe.run_test(vars(sa), p.test_plan)
+    first_try = (
+        "import torch.nn.functional as F\n"
+        "def scaled_dot_product_attention(q, k, v, mask=None):\n"
+        "    return F.scaled_dot_product_attention(q, k, v), None\n"
+    )
+    scratch = "print(F.scaled_dot_product_attention(q, q, q))\n"
+    code = StudentCode([first_try, OWN, scratch])
+    assert verdict(tests, p, got, code).passed
+
+
+def test_softmax_in_the_flash_tiles_is_a_remark_not_a_zero():
+    source = (
+        "import torch\n"
+        "def flash_attention(q, k, v, block_size=64, causal=False):\n"
+        "    return torch.softmax(q @ k.transpose(-2, -1), -1) @ v\n"
+    )
+    remark = remarks([source], "flash_attention", ("sdpa", "softmax"))
+    assert "no points taken" in remark and FEATURES["softmax"].description in remark
+    # attention is the guard's business: no remark for it
+    assert remarks([source], "flash_attention", ("sdpa",)) == ""
+    own = source.replace("torch.softmax(", "my_softmax(")
+    assert remarks([own], "flash_attention", ("sdpa", "softmax")) == ""
 
 
 # Switching the watch off: caught in the code, and while the code runs.
@@ -196,204 +222,31 @@ ELSEWHERE = {
 }
 
 
-def _tampering(source, exercise="flash_attention"):
-    return static_tampering([source], exercise)
-
-
-def test_switching_the_watch_off_is_found_in_the_code():
-    for name, source in EVASIONS.items():
-        found = _tampering(source)
-        assert found, name
-        message = refusal([source], "flash_attention", ("sdpa", "softmax"))
-        assert "ask your instructor to review it" in message, name
-
-
-def test_what_the_issue_evasion_is_refused_for():
-    found = " ".join(_tampering(ISSUE_EVASION))
-    assert "torch._C" in found and "DisableTorchFunction" in found
-
-
-def test_tampering_counts_only_for_tests_that_forbid_something():
-    assert refusal([ISSUE_EVASION], "flash_attention", ()) is None
-
-
-def test_ordinary_answers_are_not_tampering():
-    ordinary = FLASH_HEAD + (
-        "import math, matplotlib\n"
-        "torch.manual_seed(0)\n"
-        "torch.backends.cudnn.deterministic = True\n"
-        "def flash_attention(q: torch.Tensor, k, v, block_size=64, causal=False) -> torch.Tensor:\n"
-        "    assert isinstance(q, torch.Tensor)\n"
-        "    w = torch.einsum('...id,...jd->...ij', q, k) / math.sqrt(q.size(-1))\n"
-        "    out = torch.zeros_like(q)\n"
-        "    for i in range(q.size(-2)):\n"
-        "        row = torch.exp(w[..., i, :] - w[..., i, :].amax(-1, keepdim=True))\n"
-        "        out[..., i, :] = (row / row.sum(-1, keepdim=True)) @ v\n"
-        "    return out\n"
-        "class Layer(torch.nn.Module):\n"
-        "    def __init__(self, d):\n"
-        "        super().__init__()\n"
-        "        for name in ('wq', 'wk'):\n"
-        "            setattr(self, name, torch.nn.Linear(d, d))\n"
-        "    def forward(self, x, which='wq'):\n"
-        "        return flash_attention(getattr(self, which)(x), x, x)\n"
-        "    def load(self, mha: torch.nn.MultiheadAttention):\n"
-        "        for name in ('in_proj_weight', 'in_proj_bias'):\n"
-        "            getattr(mha, name)\n"
-        "model = Layer(8).eval()\n"
-        "for step in range(2):\n"
-        "    loss = model(torch.randn(2, 8)).sum()\n"
-        "import matplotlib.pyplot as plt\n"
-        "plt.plot([1, 2])\n"
-        "display(model)\n"
-    )
-    scratch = (
-        "q = torch.randn(1, 4, 8)\nprint(F.scaled_dot_product_attention(q, q, q))\n"
-    )
-    profiled = (
-        "with torch.profiler.profile() as prof:\n"
-        "    flash_attention(q, q, q)\n"
-        "print(prof.key_averages().table())\n"
-    )
-    magic = (
-        "%timeit flash_attention(q, q, q)\n!pip install einops\n%matplotlib inline\n"
-    )
-    for exercise in ("flash_attention", "Layer"):
-        assert static_tampering([ordinary, scratch, magic, profiled], exercise) == []
-        assert refusal([ordinary, scratch], exercise, ("sdpa", "softmax")) is None
-    assert static_tampering([OWN], "SelfAttention") == []
-
-
-def test_a_misspelt_exception_is_a_bug_not_injection():
-    source = (
-        "def flash_attention(q, k, v):\n"
-        "    if q.dim() != 4:\n"
-        "        raise ValueErorr('q must be (B, h, n, d)')\n"
-        "    return q\n"
-    )
-    assert _tampering(source) == []
-    assert any(
-        "`helper`" in f
-        for f in _tampering(source.replace("return q", "return helper(q)"))
-    )
-
-
-def test_a_name_nothing_defines_is_refused_only_in_a_passed_test():
-    source = "def flash_attention(q, k, v):\n    return q * scale\n"  # NameError
-    assert "ask your instructor" in refusal([source], "flash_attention", ("sdpa",))
-    assert refusal([source], "flash_attention", ("sdpa",), passed=False) is None
-    hidden = ISSUE_EVASION  # real tampering is refused whether the test passed or not
-    assert refusal([hidden], "flash_attention", ("sdpa",), passed=False) is not None
-
-
-def test_names_nothing_defines_are_injection_unless_given_or_builtin():
-    source = "def flash_attention(q, k, v):\n    return helper(q, k, v) + len(q)\n"
-    assert any("`helper`" in f for f in _tampering(source))
-    given = "from course_utils import helper\n"
-    assert static_tampering([source], "flash_attention", [given]) == []
-    star = "from course_utils import *\n"  # then what is defined is unknown
-    assert static_tampering([source], "flash_attention", [star]) == []
-
-
-# The same evasions while they run, against the probe's watch. Each runs in a child
-# process: an evasion that breaks PyTorch's profiler can abort or hang its process (in the
-# grader that is the student's own kernel, which then earns nothing), never this test run.
-
-_WATCH = """
-import json, sys, torch
-from autograder.grading import probe
-from autograder.grading.delegation import FEATURES
-source, before = json.loads(sys.stdin.read())
-exec(before, {"torch": torch})
-namespace = {}
-exec(compile(source, "<student>", "exec"), namespace)
-q = torch.randn(2, 3, 16, 8)
-watch = probe._Watch(sorted({*FEATURES["sdpa"].ops, *FEATURES["softmax"].ops}))
-try:
-    with watch:
-        namespace["flash_attention"](q, q, q)
-except Exception:
-    pass
-restored = probe._mode_stacks() == ([], [])
-print(json.dumps({"used": sorted(watch.used), "restored": restored}))
-"""
-CRASHED = "the evasion crashed or hung its own process"
-
-
-def _watched(source, before=""):
-    """What the watch recorded while ``source``'s flash_attention ran (``before`` runs
-    first), or CRASHED."""
-    try:
-        run = subprocess.run(
-            [sys.executable, "-c", _WATCH], input=json.dumps([source, before]),
-            capture_output=True, text=True, timeout=60, cwd=paths.REPO,
-            env={**os.environ, "PYTHONPATH": str(paths.REPO)},
-        )  # fmt: skip
-    except subprocess.TimeoutExpired:
-        return CRASHED
-    if run.returncode != 0:
-        return CRASHED
-    result = json.loads(run.stdout.strip().splitlines()[-1])
-    assert result["restored"], "the watch's modes were left off their stacks"
-    return result["used"]
-
-
-RUNTIME = (
-    "issue",
-    "ops_aten_no_dispatch",
-    "pop_mode_stack",
-    "eval_encoded",
-    "restart_profiler",
-)
-
-
-def test_switching_the_watch_off_is_seen_while_it_runs():
-    """Seen at run time, or the evasion broke its own kernel: either way it earns nothing
-    there (and `test_switching_the_watch_off_is_found_in_the_code` refuses each by reading)."""
-    for name in RUNTIME:
-        used = _watched(EVASIONS[name])
-        assert used == CRASHED or tampering_in(used) or features_in(used, ("sdpa",)), (
-            name
-        )
-    # eval alone hides nothing at run time: it is plain delegation there
-    for name in ("issue", "pop_mode_stack"):
-        assert tampering_in(_watched(EVASIONS[name])), name
-
-
-def test_a_profiler_left_running_is_tampering():
-    left = "torch.autograd.profiler.profile(use_kineto=False).__enter__()\n"
-    used = _watched(EVASIONS["issue"], before=left)
-    assert (
-        used == CRASHED
-        or "a profiler was left running before the test" in tampering_in(used)
-    )
-
-
-def test_a_replaced_profiler_is_tampering():
-    used = _watched(EVASIONS["patch_called_at_top_level"])  # profile = a lambda
-    assert "PyTorch's profiler was replaced" in tampering_in(used)
-
-
-def test_plain_delegation_is_delegation_and_own_code_is_nothing_at_run_time():
-    direct = FLASH_HEAD + (
-        "def flash_attention(q, k, v):\n    return F.scaled_dot_product_attention(q, k, v)\n"
-    )
-    used = _watched(direct)
-    assert features_in(used, ("sdpa",)) == ["sdpa"] and tampering_in(used) == []
-    own = FLASH_HEAD + (
-        "def flash_attention(q, k, v):\n"
-        "    w = torch.einsum('...id,...jd->...ij', q, k).exp()\n"
-        "    return (w / w.sum(-1, keepdim=True)) @ v\n"
-    )
-    assert _watched(own) == []
-
-
-def test_threads_and_processes_are_left_to_the_sealed_run():
-    for name, source in ELSEWHERE.items():
-        assert _tampering(source) == [], name
-    for name in ("fork_child", "thread"):
-        message = refusal([ELSEWHERE[name]], "flash_attention", ("sdpa",))
-        assert "uses PyTorch's own attention" in message, name
+def test_what_no_guard_stops_is_flagged_for_review():
+    """Constructs that reach past the guard (native code, raw memory, the dispatcher,
+    code objects, code built at run time) are flagged."""
+    flagged = {
+        "issue": "torch._C",
+        "torch_C_nn": "torch._C",
+        "ops_aten_no_dispatch": "torch.ops",
+        "eval_encoded": "eval",
+        "restart_profiler": "torch._C",
+    }
+    for name, what in flagged.items():
+        found = flags([EVASIONS[name]])
+        assert any(what in f for f in found), (name, found)
+    extra = {
+        "ctypes": "import ctypes\nctypes.CDLL(None)\n",
+        "array_interface": "import numpy\nx = numpy.ones(3).__array_interface__\n",
+        "data_ptr": "import torch\np = torch.ones(3).data_ptr()\n",
+        "code_object": "def f():\n    pass\nf.__code__ = (lambda: 1).__code__\n",
+        "library": "import torch\nlib = torch.library.Library('aten', 'IMPL')\n",
+        "from_torch_C": "from torch._C import _DisableTorchDispatch\n",
+        "getattr_C": "import torch\nC = getattr(torch, '_C')\n",
+        "exec": "exec('x = 1')\n",
+    }
+    for name, source in extra.items():
+        assert flags([source]), name
 
 
 HONEST_CELLS = [
@@ -411,11 +264,18 @@ HONEST_CELLS = [
 ]
 
 
-def test_honest_scratch_and_colab_cells_read_clean():
-    for exercise in ("flash_attention", "SelfAttention"):
-        cells = [FLASH_HEAD, OWN, *HONEST_CELLS]
-        assert static_tampering(cells, exercise) == [], exercise
-        assert refusal(cells, exercise, ("sdpa",)) is None
+def test_honest_notebooks_and_the_references_are_not_flagged():
+    assert flags([OWN, FLASH_HEAD, *HONEST_CELLS]) == []
+    for chapter in graded_chapters():
+        cells = list(answers(chapter).values())
+        assert flags(cells) == [], chapter
+
+
+def test_pytorchs_attention_pasted_in_is_flagged():
+    pasted = textwrap.dedent(inspect.getsource(F.multi_head_attention_forward))
+    found = flags(["import torch\n" + pasted])
+    assert any("multi_head_attention_forward" in f for f in found), found
+    assert delegation.similarity([OWN]) == []
 
 
 BOUND_UNDER = {
@@ -436,32 +296,8 @@ def test_bindings_under_compound_statements_are_followed():
             + "def flash_attention(q, k, v):\n    return f(q, k, v)\n"
         )
         assert static_uses([source], "flash_attention", ("sdpa",)) == ["sdpa"], name
-        message = refusal([source], "flash_attention", ("sdpa",))
-        assert "uses PyTorch's own attention" in message, name
 
 
-FORGING = {
-    "module_attribute": "torch.load = lambda *a, **k: None\n",
-    "module_attribute_by_setattr": "setattr(torch, 'load', print)\n",
-    "os_fork": "import os\nos.fork = lambda: 0\n",
-    "aliased_profiler": "P = torch.autograd.profiler\nP.profile = object\n",
-    "nested_patch": "if True:\n    for _ in range(1):\n        torch.autograd.profiler.profile = object\n",
-    "sys_modules": "import sys\nsys.modules['torch.overrides'] = None\n",
-    "settrace": "import sys\nsys.settrace(None)\n",
-    "monitoring": "import sys\nsys.monitoring.use_tool_id(3, 'x')\n",
-    "gc": "import gc\nprint(len(gc.get_objects()))\n",
-    "frame": "import sys\nframe = sys._getframe()\n",
-    "inspect_frame": "import inspect\nprint(inspect.currentframe().f_back.f_globals)\n",
-    "ipython_events": "get_ipython().events.register('pre_run_cell', print)\n",
-    "ipython_ast": "get_ipython().ast_transformers.append(object())\n",
-    "ctypes": "import ctypes\n",
-    "function_mode": "from torch.overrides import TorchFunctionMode\n",
-}
-
-
-def test_forging_the_watch_from_top_level_code_is_refused():
-    for name, top_level in FORGING.items():
-        source = (
-            FLASH_HEAD + top_level + "def flash_attention(q, k, v):\n    return q\n"
-        )
-        assert _tampering(source), name
+def test_code_of_a_namespace_is_read_as_a_notebook():
+    code = code_of(vars(sa), "03_self_attention")
+    assert any("def scaled_dot_product_attention" in c for c in code.cells)

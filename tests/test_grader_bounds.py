@@ -119,13 +119,11 @@ def test_forged_results_fail_only_their_tests_with_a_message(tmp_path):
     assert result["graded"], result["message"]  # the student's doing, no grader fault
     tests = {t["id"]: t for t in result["tests"]}
     for test_id, test in tests.items():
-        # replacing open() is refused for review where a test forbids a feature
-        refused = "ask your instructor to review it" in test["message"]
-        assert test["passed"] == (test_id not in FORGED and not refused), test
+        # reading the code takes no point: only the forged files' tests fail
+        assert test["passed"] == (test_id not in FORGED), test
         assert len(test["message"]) <= judge.MAX_MESSAGE
-    assert tests["sdpa_basic"]["message"].startswith("`scaled_dot_product_attention`")
-    assert tests["self_attention_module"]["score"] == 0  # refused: forbids a feature
-    for test_id in ("causal_mask_values", "padding_mask_values"):
+    # the forged 20 MB error is past the header's limit: no result, as for the others
+    for test_id in ("sdpa_basic", "causal_mask_values", "padding_mask_values"):
         assert "could not be read" in tests[test_id]["message"], tests[test_id]
     assert len(json.dumps(result)) < 20_000
     assert graded["grown_mb"] < 300, graded["grown_mb"]

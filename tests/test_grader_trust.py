@@ -254,8 +254,7 @@ def test_memory_holds_for_a_submissions_processes_together(tmp_path):
     results = list(
         grade_many([hog, right], CHAPTER, jobs=2, seed=1, limits=Limits(memory_mb=3000))
     )
-    # the limit held and was named; the neighbour never noticed (forking at top level is
-    # flagged for review on the tests that forbid delegation, so the hog's score is not 10)
+    # the limit held and was named; the neighbour never noticed
     assert results[0]["graded"], results[0]["message"]
     assert "held more than 3000 MB" in results[0]["message"]
     assert results[1]["score"] == 10.0, results[1]

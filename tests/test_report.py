@@ -110,12 +110,17 @@ def test_the_report_counts_what_the_class_did(course):
     assert len(a.unmatched) == 4  # the same failure on several cases: one group
     for f in unmatched.values():
         assert f.students == ["bob"] and "NotImplementedError" in f.detail
-    # frank's delegation is a refusal, not a wrong answer, with its route
+    # frank's call of PyTorch's attention was refused by the guard, not a wrong answer
     assert {(r["student"], r["exercise"]) for r in a.refusals} == {
         ("frank", SDPA),
         ("frank", "SelfAttention"),
     }
-    assert all("sdpa (found in its code)" in r["route"] for r in a.refusals)
+    assert all(
+        r["route"] == f"PyTorch's attention ({SDPA}) switched off" for r in a.refusals
+    )
+    # and his code is flagged for review (no points taken for it)
+    assert [r["student"] for r in a.for_review] == ["frank"]
+    assert any("names PyTorch's attention" in f for f in a.for_review[0]["flags"])
     again = {t["student"]: t for t in a.to_grade_again}
     assert set(again) == {"gus", "hank"}
     assert again["gus"]["outcome"] == verdict_record.NOT_AUTOGRADED
@@ -251,7 +256,7 @@ def test_every_section_a_mistake_links_to_is_a_heading_of_its_chapter():
         assert all(m.section.startswith(f"{chapter}#") for m in module.MISTAKES)
     # the test of the test: headings are found, code comments are not
     ids = _heading_ids(CHAPTER)
-    assert "exercise-4-a-self-attention-layer" in ids and "learning-goals" in ids
+    assert "exercise-3-a-self-attention-layer" in ids and "learning-goals" in ids
     assert not any(i.startswith("book-build-only") for i in ids)
     built = os.environ.get("COURSE_BUILT_BOOK")  # a built book: its pages have the ids
     if built:

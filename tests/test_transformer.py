@@ -914,8 +914,9 @@ def test_independent_correct_answers_pass(exercise, right, seed):
     assert_right_answer_passes(CHAPTER, tr, exercise, right, seed)
 
 
-def test_label_smoothing_by_pytorchs_loss_earns_nothing():
-    """F.cross_entropy(label_smoothing=...) is the exercise done by PyTorch: refused."""
+def test_label_smoothing_by_pytorchs_loss_gets_a_remark_not_a_zero():
+    """F.cross_entropy(label_smoothing=...) is the exercise done by PyTorch: reading the
+    code takes no point (it may be dead code or a comparison), it adds a remark."""
     from autograder.grading.delegation import FEATURES
     from autograder.grading.spec import load_chapter_tests
     from tests.answers import verdicts
@@ -932,6 +933,7 @@ def test_label_smoothing_by_pytorchs_loss_earns_nothing():
         tests, {**vars(tr), "label_smoothing_loss": delegating}, 0, smoothing
     )
     for test in smoothing:
-        assert not results[test.id].passed
+        assert results[test.id].passed
+        assert "no points taken" in results[test.id].message
         assert FEATURES["cross_entropy"].description in results[test.id].message
     assert all(verdicts(tests, vars(tr), 0, smoothing)[t.id].passed for t in smoothing)

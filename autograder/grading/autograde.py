@@ -744,6 +744,7 @@ def summary(
         ("late (after the due date)", sum(bool(r.get("late")) for r in graded)),
         ("problems while running", sum("problem(s) while running" in r["message"] for r in graded)),
         ("not graded (grader fault: grade again)", len(results) - len(graded)),
+        ("flagged for review (no points taken)", sum(bool(r.get("flags")) for r in graded)),
     ]  # fmt: skip
     width = max(len(name) for name, _ in rows)
     lines = [
@@ -776,6 +777,9 @@ def summary(
     for r in results:
         if not r["graded"]:
             lines.append(f"NOT GRADED {r['student']}: {r['message']}")
+    for r in graded:
+        if r.get("flags"):
+            lines.append(f"FOR REVIEW {r['student']}: {'; '.join(r['flags'][:5])}")
     return "\n".join(lines + again)
 
 

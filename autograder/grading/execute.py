@@ -17,8 +17,7 @@ import nbformat
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionComplete, DeadKernelError
 
-from autograder.grading import probe, result_reader
-from autograder.grading.delegation import watched_anywhere
+from autograder.grading import guard, probe, result_reader
 from autograder.grading.limits import Limits
 from autograder.grading.prepare import PreparedTest
 from autograder.grading.sandbox import kill_kernel
@@ -77,7 +76,6 @@ class QuietClient(NotebookClient):
 def _probe_setup_cell() -> str:
     source = Path(probe.__file__).read_text()
     return (
-        "import torch.overrides, torch.utils._python_dispatch\n"
         "import types as _grader_types\n"
         "_grader_probe = _grader_types.ModuleType('_grader_probe')\n"
         f"exec(compile({source!r}, '<grader probe>', 'exec'), _grader_probe.__dict__)\n"
@@ -100,6 +98,8 @@ class Run:
     # when the first student cell and the probe started, and when the run ended
     # (time.perf_counter()), for the benchmark's "where the time goes"
     marks: dict[str, float] = field(default_factory=dict)
+    # for the instructor's review, read from the student's code (``delegation.flags``)
+    flags: list[str] = field(default_factory=list)
 
 
 def run_notebook(
@@ -121,8 +121,9 @@ def run_notebook(
         seconds=limits.test,
         wait=limits.startup,
         max_bytes=int(limits.result_mb * 2**20),
+        guard=guard.library_path(),
     )
-    probes = _probe_cells(workdir, limits.startup, watched_anywhere())
+    probes = _probe_cells(workdir, limits.startup, str(guard.library_path()))
     probe_time = limits.startup + limits.test * len(prepared) + 30
     client, current = _client(
         student + probes, len(student), km, workdir, limits, probe_time
@@ -163,9 +164,6 @@ def run_notebook(
         run.errors.append(window.problem)
     run.errors += _problems(client, numbers, limits)
     got = [_read_result(raw) for raw in window.results]
-    for outcome in got:  # what ran outside the calls counts against every test
-        if isinstance(outcome, list) and outcome and window.between:
-            outcome[0]["used"] = [*window.between, *outcome[0].get("used", [])]
     return got, run
 
 
@@ -206,12 +204,12 @@ def _student_cells(nb, skip: frozenset[str]) -> tuple[list, list[int]]:
     return [nbformat.v4.new_code_cell(code[n - 1].source) for n in numbers], numbers
 
 
-def _probe_cells(workdir: Path, wait: float, watch: list[str]) -> list:
+def _probe_cells(workdir: Path, wait: float, guard_path: str) -> list:
     """The probe's setup cell, then the cell that forks the sealed child and waits for
     it. Neither holds anything secret: the plans arrive later, through the window."""
     call = (
         f"_grader_probe.run_sealed(globals(), {str(workdir)!r}, {float(wait)!r}, "
-        f"{watch!r})"
+        f"{guard_path!r})"
     )
     return [
         nbformat.v4.new_code_cell(_probe_setup_cell()),

@@ -170,6 +170,7 @@ def _grade_notebook(path, assignment, seed, limits, sandbox, retry, batch) -> di
         "score": 0.0,
         "max_score": 0.0,
         "tests": [],
+        "flags": [],  # for the instructor's review; never a point (delegation.flags)
         "seed": seed,
         "graded": True,
         "message": "",
@@ -236,6 +237,7 @@ def _grade_notebook(path, assignment, seed, limits, sandbox, retry, batch) -> di
             )
     result["tests"] = [v.as_json() for v in verdicts]
     result["score"] = float(sum(v.score for v in verdicts))
+    result["flags"] = run.flags
     result["phases"] = _phases(run.marks)  # where its time went (the benchmark's sums)
     result["peak_mb"] = end.peak_mb  # the most its processes held together, if watched
     if run.died_in_cell is not None or run.died_in_test:
@@ -351,6 +353,9 @@ def _grade(
         )
     reason = _missing_reason(run, end)
     code = StudentCode.of_notebook(nb, tests.chapter)
+    run.flags = delegation.flags(
+        code.cells, [(p.test.exercise, p.test.forbidden) for p in prepared]
+    )
     verdicts = [
         verdict(tests, p, g, code, reason) for p, g in zip(prepared, got, strict=True)
     ]

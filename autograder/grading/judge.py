@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from autograder.grading import delegation, outcomes, probe
+from autograder.grading import delegation, guard, outcomes, probe
 from autograder.grading.prepare import PreparedTest
 from autograder.grading.probe import Outcome
 from autograder.grading.spec import ChapterTests, HiddenTest, Mistake
@@ -36,7 +36,8 @@ class Verdict:
     passed: bool
     message: str
     # for the instructor's class report (``autograder/report``), never shown to students
-    # apart from the message: the known mistake's name, and the route a refusal refused
+    # apart from the message: the known mistake's name, and "guard" when the attention
+    # guard refused a call of PyTorch's attention
     mistake: str | None = None
     refused: str | None = None
 
@@ -151,14 +152,12 @@ def verdict(
     code: StudentCode,
     missing_reason: str = NO_RESULT,
 ) -> Verdict:
-    """The verdict on one hidden test, by every rule: what the watch saw while the
-    student's code ran (a forbidden feature, the watch tampered with), the outputs case
-    by case, and what the student's code shows when read (a forbidden feature on the
-    exercise's call path, a way around the watch). When both the reading and the watch
-    refuse the test, the message gives both. ``got`` is untrusted (validated here); a
-    string in its place says why the test's result could not be used."""
+    """The verdict on one hidden test: the outputs case by case. A call that PyTorch's
+    attention guard refused (the test forbids it) fails the test with the guard's own
+    message. The student's code as text never takes a point: it may only add a remark
+    (``delegation.remarks``). ``got`` is untrusted (validated here); a string in its
+    place says why the test's result could not be used."""
     test = prepared.test
-    seen = None
     if got is not None and not isinstance(got, str):  # str: why the result was unusable
         got = outcomes.validated(got, len(prepared.cases))
     if got is None or isinstance(got, str):
@@ -166,45 +165,35 @@ def verdict(
             test.id, test.points, False, missing_reason if got is None else got
         )
     else:
-        seen, seen_route = _seen_while_running(test, got) or (None, None)
+        refused = _refused_by_guard(got) if prepared.guarded else None
         found = (
-            Verdict(test.id, test.points, False, seen, refused=seen_route)
-            if seen
+            Verdict(test.id, test.points, False, refused, refused=_route(refused))
+            if refused
             else _compare_outputs(tests, prepared, got)
         )
     with delegation.READING_CODE:
-        read = delegation.refused(
-            code.cells, test.exercise, test.forbidden, code.given, found.passed
+        remark = delegation.remarks(
+            code.cells, test.exercise, test.forbidden, code.given
         )
-    if read:
-        message, route = read
-        return Verdict(
-            test.id,
-            test.points,
-            False,
-            " ".join(filter(None, (message, seen))),
-            refused="; ".join(filter(None, (route, found.refused))),
-        )
+    if remark:
+        found.message = f"{found.message} {remark}"
+        found.__post_init__()
     return found
 
 
-def _seen_while_running(test: HiddenTest, got: list[Outcome]) -> tuple[str, str] | None:
-    """Why the run-time watch refuses the test (tampering, a forbidden feature), and the
-    route refused (``delegation.route``); or None."""
-    used = [name for g in got for name in g.get("used", [])]
-    tampering = delegation.tampering_in(used) if test.forbidden else []
-    if tampering:
-        return (
-            delegation.tamper_message(test.exercise, tampering),
-            delegation.route(tampering, "the watch worked around while it ran"),
-        )
-    delegated = delegation.features_in(used, test.forbidden)
-    if delegated:
-        where = "seen while it ran on the hidden inputs"
-        return (
-            delegation.message(test.exercise, delegated, where),
-            delegation.route(delegated, where),
-        )
+def _route(refusal: str) -> str:
+    """For the class report: what was switched off (``PyTorch's attention (name)``)."""
+    return refusal.split(")", 1)[0] + ") switched off"
+
+
+def _refused_by_guard(got: list[Outcome]) -> str | None:
+    """The guard's message, when a call of the test used PyTorch's attention."""
+    for outcome in got:
+        error = outcome.get("error") or ""
+        start = error.find(guard.MARK)
+        if start >= 0:
+            name = error[start + len(guard.MARK) :].split(")", 1)[0][:80]
+            return guard.refusal(name)
     return None
 
 
@@ -244,7 +233,7 @@ def _recognise_mistake(
     reference = vars(tests.reference())
     for mistake in tests.mistakes_for(test.exercise):
         wrong = probe.run_test(
-            {**reference, test.exercise: mistake.impl}, prepared.unwatched_plan()
+            {**reference, test.exercise: mistake.impl}, prepared.plain_plan()
         )
         telling = [
             i

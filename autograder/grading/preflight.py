@@ -20,7 +20,9 @@ from autograder.grading.spec import load_chapter_tests
 from autograder.grading.student_code import StudentCode
 from autograder.paths import REPO
 
-CHAPTER, TEST = "03_self_attention", "causal_mask_values"
+# one test per phase of the sealed window: the second runs with PyTorch's attention
+# switched off, so the canary proves the attention guard too
+CHAPTER, TESTS = "03_self_attention", ("causal_mask_values", "sdpa_basic")
 
 # A right answer written for the canary (not the reference), and the jail's promises.
 CANARY = f"""
@@ -35,6 +37,14 @@ open("canary.txt", "w").write("written")
 
 def causal_mask(n):
     return torch.ones(n, n).tril().bool()
+
+
+def scaled_dot_product_attention(q, k, v, mask=None):
+    scores = q @ k.transpose(-2, -1) / q.size(-1) ** 0.5
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    weights = torch.softmax(scores, dim=-1)
+    return weights @ v, weights
 """
 
 
@@ -42,13 +52,15 @@ def prove(sandbox, limits: Limits | None = None) -> None:
     """Raise ``SandboxUnavailable`` unless a canary submission is graded right."""
     limits = limits or sandbox.limits
     tests = load_chapter_tests(CHAPTER)
-    prepared = prepare(tests, [tests.test(TEST)], seed=0)
+    prepared = prepare(tests, [tests.test(t) for t in TESTS], seed=0)
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(CANARY)])
     with sandbox.kernel() as (km, workdir):
         got, run = run_notebook(nb, prepared, km, workdir, limits)
         end = sandbox.end(km, workdir)
-    (p,) = prepared
-    found = verdict(tests, p, got[0], StudentCode([CANARY]))
+    found = [
+        verdict(tests, p, g, StudentCode([CANARY]))
+        for p, g in zip(prepared, got, strict=True)
+    ]
     problem = None
     if run.start_failed:
         problem = (
@@ -56,9 +68,12 @@ def prove(sandbox, limits: Limits | None = None) -> None:
         )
     elif run.died_in_cell is not None or run.died_in_test:
         problem = f"the canary kernel died (signal {end.signal}, exit {end.exit_code})"
+    elif run.grader_fault:
+        problem = f"the canary's tests could not run: {run.grader_fault}"
     elif run.errors:
         problem = f"the canary cell failed: {run.errors[0]}"
-    elif not found.passed:
-        problem = f"a right answer was judged wrong: {found.message}"
+    elif not all(f.passed for f in found):
+        wrong = next(f for f in found if not f.passed)
+        problem = f"a right answer was judged wrong: {wrong.message}"
     if problem:
         raise SandboxUnavailable(explain(problem))

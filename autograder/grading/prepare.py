@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from autograder.grading import probe
-from autograder.grading.delegation import watch_plan
+from autograder.grading.guard import ATTENTION_FEATURES
 from autograder.grading.probe import CallPlan, Outcome, TestPlan
 from autograder.grading.spec import Case, ChapterTests, HiddenTest
 
@@ -23,21 +23,25 @@ class PreparedTest:
 
     @property
     def test_plan(self) -> TestPlan:
-        """What the student's kernel runs: the calls, watched for forbidden features."""
+        """What the student's kernel runs: the calls, and whether they run with
+        PyTorch's attention switched off (the test forbids it)."""
         return {
             "exercise": self.test.exercise,
             "calls": self.calls,
-            **watch_plan(self.test.forbidden),
+            "guarded": self.guarded,
         }
 
-    def unwatched_plan(self, exercise: str | None = None) -> TestPlan:
+    @property
+    def guarded(self) -> bool:
+        return bool(ATTENTION_FEATURES & set(self.test.forbidden))
+
+    def plain_plan(self, exercise: str | None = None) -> TestPlan:
         """The same calls for the grader's own implementations (the reference, a known
-        mistake), which need no watch."""
+        mistake), run in the grader as they are."""
         return {
             "exercise": exercise or self.test.exercise,
             "calls": self.calls,
-            "watch": [],
-            "watch_modules": [],
+            "guarded": False,
         }
 
 
@@ -86,7 +90,7 @@ def prepare(
                     )
             calls.append(c.to_plan(state))
         p = PreparedTest(test, cases, calls, [])
-        p.expected = probe.run_test(reference, p.unwatched_plan())
+        p.expected = probe.run_test(reference, p.plain_plan())
         for c, outcome in zip(cases, p.expected, strict=True):
             raised = outcome.get("error", "").split(":", 1)[0] or None
             if raised != c.raises:

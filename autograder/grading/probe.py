@@ -5,7 +5,9 @@ text, so it must need nothing but the standard library and torch), and in the gr
 itself, on the reference and on known mistakes. It judges nothing: it only calls and
 records. A :class:`TestPlan` (one hidden test) holds the :class:`CallPlan` of each of its
 calls; an outcome is, per call, either ``{"value": ...}`` with tensors, numbers, strings,
-lists and dicts only, or ``{"error": "..."}``, plus ``"used"``: the watched names it used.
+lists and dicts only, or ``{"error": "..."}``. Nothing here watches what the student's
+code calls: the tests that forbid PyTorch's attention run where it does not compute
+(``grading/guard``), so there is nothing to watch and no report to forge.
 """
 
 import copy
@@ -27,14 +29,12 @@ class CallPlan(TypedDict):
 
 
 class TestPlan(TypedDict):
-    """One hidden test: the exercise, its calls, and what to watch while they run."""
+    """One hidden test: the exercise and its calls; ``guarded``: it forbids PyTorch's
+    attention, so it runs in the second phase, with the attention guard armed."""
 
     exercise: str
     calls: list[CallPlan]
-    watch: list[str]  # PyTorch function and operator names to record
-    watch_modules: list[
-        str
-    ]  # torch.nn layer classes to record when the module holds one
+    guarded: bool
 
 
 Outcome = dict[str, Any]
@@ -79,6 +79,9 @@ def _describe(exc):
     if isinstance(exc, _Missing):
         return str(exc)
     text = f"{type(exc).__name__}: {exc}"
+    refused = text.find("PyTorch's attention (")  # the guard's message, however wrapped
+    if refused > 0:
+        text = "RuntimeError: " + text[refused:]
     return text if len(text) <= _MAX_MESSAGE else text[: _MAX_MESSAGE - 3] + "..."
 
 
@@ -109,9 +112,8 @@ def _materialise(value, namespace):
     return value
 
 
-def call(namespace, exercise, plan: CallPlan, watch=None, watch_modules=()):
-    """Make one planned call of ``namespace[exercise]``; returns the raw result. A
-    ``watch`` also notes the ``watch_modules`` layers the module holds."""
+def call(namespace, exercise, plan: CallPlan):
+    """Make one planned call of ``namespace[exercise]``; returns the raw result."""
     target = namespace.get(exercise)
     if target is None:
         raise _Missing(
@@ -129,8 +131,6 @@ def call(namespace, exercise, plan: CallPlan, watch=None, watch_modules=()):
             _load_state(module, plan["state"], exercise)
         for name, setup_args in plan.get("setup") or []:
             getattr(module, name)(*_materialise(copy.deepcopy(setup_args), namespace))
-        if watch is not None:
-            watch.modules(module, watch_modules)
         module.eval()
         method = module if plan["method"] is None else getattr(module, plan["method"])
         return method(*args, **kwargs)
@@ -152,171 +152,13 @@ def _load_state(module, state, exercise):
         )
 
 
-# What the probe records when the student's code switched its watch off or worked around
-# it; the grader refuses such a test and asks for a review (``delegation.TAMPERED``).
-TAMPERED = "<watch disabled>"
-
-
-def _legacy_profiler():
-    """PyTorch's legacy autograd profiler, or None where this PyTorch lacks it. It records
-    ATen operators through RecordFunction in the dispatcher, which neither
-    ``DisableTorchFunction`` nor ``_DisableTorchDispatch`` switches off."""
-    profiler = getattr(getattr(torch, "autograd", None), "profiler", None)
-    profile = getattr(profiler, "profile", None)
-    record = getattr(profiler, "record_function", None)
-    enabled = getattr(getattr(torch._C, "_autograd", None), "_profiler_enabled", None)
-    if profile is None or record is None or enabled is None:
-        return None
-    return profile, record, enabled
-
-
-def _mode_stacks():
-    """The current TorchFunctionMode and TorchDispatchMode stacks (None if unknown)."""
-    try:
-        from torch.overrides import _get_current_function_mode_stack
-        from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
-
-        return _get_current_function_mode_stack(), _get_current_dispatch_mode_stack()
-    except Exception:  # noqa: BLE001 (another PyTorch: fall back to trusting the modes)
-        return None
-
-
-class _Watch:
-    """Records the PyTorch functions and ATen operators a call uses whose names contain one
-    of ``watched`` (e.g. a fused attention kernel the exercise is meant to reimplement).
-
-    Three watchers: a TorchFunctionMode, a TorchDispatchMode and the legacy profiler. The
-    first two can be switched off from Python (``torch._C.DisableTorchFunction()``); the
-    profiler cannot, and its own sentinel events show whether it was stopped. Anything that
-    looks like tampering is recorded as ``TAMPERED + ": " + what``."""
-
-    def __init__(self, watched, profiler=True):
-        self.watched = tuple(watched)
-        self.used = set()
-        self._by_modes = set()
-        self.profiler = profiler
-        self.paused = False  # set while an inner watch records a call
-
-    def note(self, name, by_profiler=False):
-        if self.paused:
-            return
-        if any(w in name for w in self.watched):
-            self.used.add(name)
-            if not by_profiler:
-                self._by_modes.add(name)
-
-    def tampered(self, what):
-        self.used.add(f"{TAMPERED}: {what}")
-
-    def __enter__(self):
-        from torch.overrides import TorchFunctionMode
-        from torch.utils._python_dispatch import TorchDispatchMode
-
-        watch = self
-
-        class Functions(TorchFunctionMode):
-            def __torch_function__(self, func, types, args=(), kwargs=None):
-                watch.note(getattr(func, "__name__", "") or str(func))
-                return func(*args, **(kwargs or {}))
-
-        class Operators(TorchDispatchMode):
-            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                watch.note(str(func))
-                return func(*args, **(kwargs or {}))
-
-        self._modes = [Functions(), Operators()]
-        for mode in self._modes:
-            mode.__enter__()
-        self._profile = None
-        tools = _legacy_profiler() if self.profiler else None
-        if tools is not None:
-            profile, self._record, self._enabled = tools
-            import secrets
-
-            self._token = "grader-watch-" + secrets.token_hex(8)
-            try:
-                running = bool(self._enabled())
-            except Exception:  # noqa: BLE001
-                running = False
-            if running:  # left on by the student's code, so that the watch cannot start
-                self.tampered("a profiler was left running before the test")
-            genuine = "torch.autograd.profiler"
-            if not all(
-                isinstance(tool, type) and tool.__module__ == genuine
-                for tool in (profile, self._record)
-            ):
-                self.tampered("PyTorch's profiler was replaced")
-            try:
-                self._profile = profile(use_kineto=False)
-                self._profile.__enter__()
-            except Exception:  # noqa: BLE001 (unavailable here: the modes alone watch)
-                self._profile = None
-            else:
-                with self._record(self._token + "-start"):
-                    pass
-        return self
-
-    def __exit__(self, *exc):
-        if self._profile is not None:
-            self._stop_profiler()
-        stacks = _mode_stacks()
-        for mode, stack in zip(self._modes, stacks or (None, None), strict=True):
-            if stack is not None and (not stack or stack[-1] is not mode):
-                self.tampered("the grader's watch was taken off PyTorch's mode stack")
-                if mode not in stack:
-                    continue  # removed by the student's code: nothing to exit
-            try:
-                mode.__exit__(*exc)
-            except Exception:  # noqa: BLE001
-                self.tampered("the grader's watch could not be restored")
-
-    def _stop_profiler(self):
-        try:
-            with self._record(self._token + "-end"):
-                pass
-            still_on = bool(self._enabled())
-            self._profile.__exit__(None, None, None)
-            names = [e.name for e in self._profile.function_events]
-        except Exception:  # noqa: BLE001
-            self.tampered("the profiler was stopped or replaced")
-            return
-        if not still_on:
-            self.tampered("the profiler was stopped")
-        if self._token + "-start" not in names or self._token + "-end" not in names:
-            self.tampered("the profiler was stopped and restarted")
-        for name in names:
-            if name.startswith(self._token):
-                continue
-            self.note(name, by_profiler=True)
-            seen = [w for w in self.watched if w in name]
-            # the function and dispatch modes see every watched call the profiler sees,
-            # unless they were switched off while it ran
-            if seen and not all(any(w in m for m in self._by_modes) for w in seen):
-                self.tampered(f"{name} ran while the grader's watch was switched off")
-
-    def modules(self, module, classes):
-        """Note PyTorch layers of the watched kinds held anywhere inside ``module``."""
-        kinds = tuple(getattr(torch.nn, c) for c in classes if hasattr(torch.nn, c))
-        if kinds and isinstance(module, torch.nn.Module):
-            for sub in module.modules():
-                if isinstance(sub, kinds):
-                    self.used.add("torch.nn." + type(sub).__name__)
-
-
 def run_test(namespace, plan: TestPlan, kept=None) -> list[Outcome]:
     """Every call of one hidden test, in order; the student's errors are outcomes. The
     values returned are appended to ``kept`` when given (kept alive by the caller)."""
     outcomes = []
     for one in plan["calls"]:
-        watch = _Watch(plan["watch"])
         try:
-            if watch.watched:
-                with watch:
-                    value = call(
-                        namespace, plan["exercise"], one, watch, plan["watch_modules"]
-                    )
-            else:
-                value = call(namespace, plan["exercise"], one)
+            value = call(namespace, plan["exercise"], one)
             outcome = {"value": _to_plain(value)}
             if kept is not None:
                 kept.append(value)
@@ -325,8 +167,6 @@ def run_test(namespace, plan: TestPlan, kept=None) -> list[Outcome]:
             SystemExit,
         ) as exc:  # the student's error is data, not a crash
             outcome = {"error": _describe(exc)}
-        if watch.used:
-            outcome["used"] = sorted(watch.used)
         outcomes.append(outcome)
     return outcomes
 
@@ -337,11 +177,23 @@ def run_test(namespace, plan: TestPlan, kept=None) -> list[Outcome]:
 # garbage collector (no finaliser runs between calls) and seals itself with seccomp: no
 # new thread or process, no exec, no ptrace, no signal to another process. Only then
 # does the grader, outside the jail, freeze every other process of the submission and
-# hand over the plans (``window.SealedWindow``); the child writes one result file per
-# test and exits, and the grader reads and deletes them before anything else runs again.
+# hand over the plans (``window.SealedWindow``) in two phases:
+#
+# 1. the tests that allow PyTorch's attention (``PLANS``);
+# 2. the child arms the attention guard (``grading/guard``, loaded before any student
+#    code) by adding one more seccomp filter, which nothing can take away; the grader
+#    sees from outside that it has (two filters more than the kernel, the guard mapped)
+#    and only then hands over the tests that forbid PyTorch's attention
+#    (``GUARDED_PLANS``). Their first call is the proof: PyTorch's attention must fail
+#    with the guard's message, or no test of the phase is graded.
+#
+# The child writes one result file per test and exits, and the grader reads and deletes
+# them before anything else runs again.
 
 PLANS = "plans.pt"  # written by the grader into the kernel's folder, once sealed
-BETWEEN = "between.txt"  # the watched names the child saw outside the tests' calls
+GUARDED_PLANS = "plans_guarded.pt"  # written once the child has armed the guard
+PROOF = "proof.txt"  # the child's proof that the armed guard refuses: "refused"
+UNARMED = "unarmed"  # why the child could not arm the guard
 
 
 def result_name(index):
@@ -450,8 +302,8 @@ def seal():
 
 def _clear_hooks():
     """Python's tracing, profiling and monitoring hooks, which student code may have left
-    behind to run inside the tests, are removed (audit hooks cannot be: the grader's
-    reading of the code refuses them)."""
+    behind to run inside the tests, are removed (audit hooks cannot be: nothing of the
+    verdict rests on what they could change, and the attention guard is native)."""
     import gc
     import sys
     import threading
@@ -482,12 +334,111 @@ def _silence():
     sys.stdout = sys.stderr = open(os.devnull, "w")  # noqa: SIM115
 
 
-def _sealed_child(namespace, folder, wait, watch):
+def _load_guard(path):
+    """The attention guard, where the zygote has not loaded it already (a kernel outside
+    the jail, ``--no-sandbox``): a trusted set-up, since students' code ran first."""
+    import os
+
+    if not path:
+        return
+    try:
+        with open("/proc/self/maps") as f:
+            if any(line.rstrip().endswith(os.path.basename(path)) for line in f):
+                return
+        torch.ops.load_library(path)
+    except Exception:  # noqa: BLE001 (the grader sees it unmapped: phase 2 is not graded)
+        pass
+
+
+# Refusing bodies for PyTorch's attention written in Python. They use no global name,
+# so their code can replace the originals' (``__code__``): a name the student's code bound
+# to the original function earlier refuses too.
+def _refuse_multi_head_attention_forward(*args, **kwargs):
+    raise RuntimeError(
+        "PyTorch's attention (multi_head_attention_forward) is switched off while this "
+        "exercise's hidden tests run: write the attention yourself (scores = q @ k^T / "
+        "sqrt(d), masked softmax, weights @ v)."
+    )
+
+
+def _refuse_multihead_attention(*args, **kwargs):
+    raise RuntimeError(
+        "PyTorch's attention (nn.MultiheadAttention) is switched off while this "
+        "exercise's hidden tests run: write the attention yourself (scores = q @ k^T / "
+        "sqrt(d), masked softmax, weights @ v)."
+    )
+
+
+def _refuse_flex_attention(*args, **kwargs):
+    raise RuntimeError(
+        "PyTorch's attention (flex_attention) is switched off while this exercise's "
+        "hidden tests run: write the attention yourself (scores = q @ k^T / sqrt(d), "
+        "masked softmax, weights @ v)."
+    )
+
+
+def switch_off_python_attention():
+    """PyTorch's attention written in Python (``F.multi_head_attention_forward``, the
+    module that calls it, flex attention) computes without the guarded kernels: in the
+    second phase these raise the guard's message too, however they are reached."""
+    import inspect
+
+    import torch.nn.functional as functional
+
+    targets = [
+        (
+            functional,
+            "multi_head_attention_forward",
+            _refuse_multi_head_attention_forward,
+        ),
+        (torch.nn.MultiheadAttention, "forward", _refuse_multihead_attention),
+    ]
+    try:
+        import torch.nn.attention.flex_attention as flex
+
+        targets.append((flex, "flex_attention", _refuse_flex_attention))
+    except Exception:  # noqa: BLE001 (not in this PyTorch)
+        pass
+    for owner, name, refuser in targets:
+        original = inspect.getattr_static(owner, name, None)
+        original = getattr(original, "__wrapped__", original)
+        try:
+            original.__code__ = refuser.__code__
+        except (AttributeError, TypeError, ValueError):
+            pass
+        setattr(owner, name, refuser)
+
+
+def _prove_guard():
+    """``"refused"`` when PyTorch's attention fails with the guard's message here."""
+    q = torch.ones(1, 1, 2, 4)
+    try:
+        torch.ops.aten.scaled_dot_product_attention.default(q, q, q)
+    except Exception as exc:  # noqa: BLE001
+        if "PyTorch's attention (" in str(exc):
+            return "refused"
+        return f"failed otherwise: {type(exc).__name__}"
+    return "computed"
+
+
+def _await(path, wait):
     import os
     import time
 
+    deadline = time.monotonic() + wait
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.002)
+    return True
+
+
+def _sealed_child(namespace, folder, wait, guard):
+    import os
+
     _silence()
     _clear_hooks()
+    _load_guard(guard)
     # sealed, the child cannot start OpenMP's worker threads: one thread does the work
     torch.set_num_threads(1)
     try:
@@ -496,24 +447,30 @@ def _sealed_child(namespace, folder, wait, watch):
         with open(os.path.join(folder, "unsealed"), "w") as f:
             f.write(f"{type(exc).__name__}: {exc}"[:300])
         return
-    plans_path = os.path.join(folder, PLANS)
-    deadline = time.monotonic() + wait
-    while not os.path.exists(plans_path):
-        if time.monotonic() > deadline:
-            return
-        time.sleep(0.002)
-    # Watched from before the plans are read until the last result is written: what
-    # runs between the calls (a patched loader, a finaliser) is seen too.
-    between = _Watch(watch, profiler=False)
-    with between:
-        _run_plans(
-            namespace, folder, torch.load(plans_path, weights_only=True), between
-        )
-    with open(os.path.join(folder, BETWEEN), "w") as f:
-        f.write("\n".join(sorted(between.used))[:20000])
+    if not _await(os.path.join(folder, PLANS), wait):
+        return
+    plans = torch.load(os.path.join(folder, PLANS), weights_only=True)
+    _run_plans(namespace, folder, plans)
+    if not plans["guarded"]:
+        return
+    try:
+        seal()  # one filter more: the attention guard is armed, for good
+    except Exception as exc:  # noqa: BLE001
+        with open(os.path.join(folder, UNARMED), "w") as f:
+            f.write(f"{type(exc).__name__}: {exc}"[:300])
+        return
+    if not _await(os.path.join(folder, GUARDED_PLANS), wait):
+        return
+    switch_off_python_attention()
+    proof = _prove_guard()
+    with open(os.path.join(folder, PROOF), "w") as f:
+        f.write(proof)
+    if proof == "refused":
+        guarded = torch.load(os.path.join(folder, GUARDED_PLANS), weights_only=True)
+        _run_plans(namespace, folder, guarded)
 
 
-def _run_plans(namespace, folder, plans, between):
+def _run_plans(namespace, folder, plans):
     import os
     import signal
 
@@ -525,8 +482,7 @@ def _run_plans(namespace, folder, plans, between):
 
     signal.signal(signal.SIGALRM, late)
     kept = []  # the student's objects stay alive until the end: no finaliser runs
-    for index, plan in enumerate(plans["tests"]):
-        between.paused = True
+    for index, plan in zip(plans["indices"], plans["tests"], strict=True):
         # past the limit, and again every 50 ms: a call that swallows the first
         # interrupt, and the test's later calls, end too
         armed[0] = True
@@ -538,7 +494,6 @@ def _run_plans(namespace, folder, plans, between):
         finally:
             armed[0] = False
             signal.setitimer(signal.ITIMER_REAL, 0)
-        between.paused = False
         partial = os.path.join(folder, result_name(index) + ".part")
         with open(partial, "wb") as f:
             f.write(encode_result(outcomes))
@@ -555,10 +510,10 @@ def _reap():
         pass
 
 
-def run_sealed(namespace, folder, wait=60.0, watch=()):
+def run_sealed(namespace, folder, wait=60.0, guard=None):
     """The kernel-side entry point: fork the sealed child that runs the hidden tests on
-    ``namespace`` (the student's) and wait for it. ``watch``: what to record outside
-    the tests' calls while the plans are in the child."""
+    ``namespace`` (the student's) and wait for it. ``guard``: the attention guard's
+    library, loaded here where the zygote has not."""
     import os
     import time
 
@@ -574,7 +529,7 @@ def run_sealed(namespace, folder, wait=60.0, watch=()):
             time.sleep(0.05)
     if child == 0:
         try:
-            _sealed_child(namespace, folder, wait, watch)
+            _sealed_child(namespace, folder, wait, guard)
         finally:
             os._exit(0)
     os.waitpid(child, 0)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import ast
 import hashlib
+import json
 import sqlite3
 from datetime import UTC, datetime
 from pathlib import Path
@@ -133,10 +134,14 @@ def record_in_gradebook(
         db.execute(
             f"CREATE TABLE IF NOT EXISTS {TABLE} (assignment TEXT NOT NULL, "
             "student TEXT NOT NULL, course_version TEXT, digest TEXT, seed INTEGER, "
-            "graded_at TEXT, PRIMARY KEY (assignment, student))"
+            "graded_at TEXT, flags TEXT, PRIMARY KEY (assignment, student))"
         )
+        columns = {row[1] for row in db.execute(f"PRAGMA table_info({TABLE})")}
+        if "flags" not in columns:  # a gradebook from before flags: one more column
+            db.execute(f"ALTER TABLE {TABLE} ADD COLUMN flags TEXT")
         db.execute(
-            f"INSERT OR REPLACE INTO {TABLE} VALUES (?, ?, ?, ?, ?, ?)",
+            f"INSERT OR REPLACE INTO {TABLE} (assignment, student, course_version, "
+            "digest, seed, graded_at, flags) VALUES (?, ?, ?, ?, ?, ?, ?)",
             (
                 assignment,
                 student,
@@ -144,6 +149,8 @@ def record_in_gradebook(
                 result.get("digest"),
                 result.get("seed"),
                 datetime.now(UTC).isoformat(timespec="seconds"),
+                # for the instructor's review (``delegation.flags``): never a point
+                json.dumps(result.get("flags") or []),
             ),
         )
 

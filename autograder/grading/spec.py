@@ -122,8 +122,10 @@ class HiddenTest:
     make_cases: Callable[[Any], list[Case]]  # torch.Generator -> cases
     level: str = "op"  # a key of autograder.grading.tolerances.LEVELS
     outputs: tuple[str, ...] = ()  # names of the returned values, for messages
-    # PyTorch features the exercise must not delegate to: keys of
-    # autograder.grading.delegation.FEATURES (e.g. "sdpa", "mha")
+    # PyTorch features the exercise reimplements: keys of
+    # autograder.grading.delegation.FEATURES. Attention ("sdpa", "mha",
+    # "transformer_layer") is switched off while the test runs (grading/guard); any
+    # other is a remark in the feedback, never a point.
     forbidden: tuple[str, ...] = ()
     # For a module exercise whose answer is a discrete choice (an argmax): True when the
     # reference, loaded with a case's drawn weights, decides every choice by a margin that

@@ -10,9 +10,14 @@ grader then:
 2. stops (SIGSTOP) every other process of the submission, the kernel and all its
    threads included, until none runs: nothing the student left behind (a thread, a
    subprocess, a hook in the kernel) can read the plans or talk to the child;
-3. writes the plans into the kernel's folder; the child reads them, runs each test under
-   its watch and writes one result file per test;
-4. when the child has exited (or is killed past its time), reads the result files into
+3. writes the plans of the tests that allow PyTorch's attention into the kernel's folder;
+   the child reads them, runs each test and writes one result file per test;
+4. waits until the child has armed the attention guard (``grading/guard``): two seccomp
+   filters more than the kernel, and the guard's library mapped, as /proc shows from
+   outside; only then writes the plans of the tests that forbid PyTorch's attention. The
+   child proves first that the guard refuses (``probe.PROOF``); if it never arms, or the
+   proof fails, those tests are not graded and neither is the notebook (``fault``);
+5. when the child has exited (or is killed past its time), reads the result files into
    memory and deletes them and the plans, and only then lets the others run again.
 
 The plans never exist on disk while a student process runs, and what the child writes is
@@ -31,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-from autograder.grading import probe, result_reader
+from autograder.grading import guard, probe, result_reader
 
 _POLL = 0.005  # seconds between two looks at the kernel's processes
 _SPARE = 64 * 2**20  # free disk below which a missing result may be the grader's fault
@@ -179,16 +184,19 @@ class SealedWindow(threading.Thread):
         seconds: float,
         wait: float,
         max_bytes: int,
+        guard: str | Path | None = None,
     ):
         super().__init__(daemon=True)
         self.kernel_pid, self.folder, self.plans = kernel_pid, Path(folder), plans
+        self.guard = None if guard is None else Path(guard)
         self.seconds, self.wait, self.max_bytes = seconds, wait, max_bytes
         self.results: list[bytes | str | None] = [None] * len(plans["tests"])
         self.problem: str | None = None
         # the grader's own failure: the notebook gets no grade
         self.fault: str | None = None
         self.child: int | None = None
-        self.between: list[str] = []  # watched names seen outside the tests' calls
+        self.kernel_filters = -1  # the kernel's seccomp filters, before the child's
+        self.proof: str | None = None  # what the child's proof said, if it was asked
         # the child ended (a crash, os._exit) before its last test
         self.ended_early = False
 
@@ -214,6 +222,7 @@ class SealedWindow(threading.Thread):
         if kernel is None:
             self.fault = "the grader could not find the kernel's process"
             return
+        self.kernel_filters = _filters(_status(kernel))[1]
         child = self.child = self._await_child(kernel)
         if child is None:
             return
@@ -232,6 +241,7 @@ class SealedWindow(threading.Thread):
                 return
             self._hand_over(child)
             self._collect()
+            self._check_proof()
         finally:
             thaw(frozen)
 
@@ -253,31 +263,131 @@ class SealedWindow(threading.Thread):
         self.problem = "the hidden tests never started (the kernel did not run them)"
         return None
 
+    def _phase(self, guarded: bool) -> dict:
+        indices = [
+            i
+            for i, t in enumerate(self.plans["tests"])
+            if bool(t.get("guarded")) == guarded
+        ]
+        return {
+            "tests": [self.plans["tests"][i] for i in indices],
+            "indices": indices,
+            "seconds": self.plans["seconds"],
+        }
+
+    def _write(self, name: str, plans: dict) -> None:
+        partial = self.folder / (name + ".part")
+        torch.save(plans, partial)
+        partial.rename(self.folder / name)
+
     def _hand_over(self, child: int) -> None:
-        """Write the plans for ``child`` and wait for it to finish (killed past its
-        time: each test's limit, and a little more)."""
+        """Write the plans for ``child`` in two phases and wait for it to finish (killed
+        past its time: each test's limit, and a little more)."""
+        first, second = self._phase(False), self._phase(True)
+        first["guarded"] = len(second["tests"])
         for stale in self.folder.glob("result_*"):  # left by the cells: no test ran yet
             stale.unlink(missing_ok=True)
-        partial = self.folder / (probe.PLANS + ".part")
-        torch.save(self.plans, partial)
-        partial.rename(self.folder / probe.PLANS)
-        limit = self.seconds * len(self.plans["tests"]) + 10
+        for stale in (probe.PROOF, probe.UNARMED, probe.GUARDED_PLANS):
+            (self.folder / stale).unlink(missing_ok=True)
         try:
             fd = os.pidfd_open(child)
         except OSError:
             return  # already gone
         try:
+            self._write(probe.PLANS, first)
+            last = None
+            if second["tests"]:
+                limit = self.seconds * len(first["tests"]) + 10
+                if not self._armed(child, fd, limit):
+                    self.fault = self.fault or self._unarmed_why(child)
+                    signal.pidfd_send_signal(fd, signal.SIGKILL)
+                    return
+                for i in second["indices"]:  # none may come from the first phase
+                    (self.folder / probe.result_name(i)).unlink(missing_ok=True)
+                self._write(probe.GUARDED_PLANS, second)
+                last = second["indices"][-1]
+            elif first["tests"]:
+                last = first["indices"][-1]
+            limit = self.seconds * len(second["tests"] or first["tests"]) + 10
             # poll, not select: a grader with many files open has descriptors past 1024
             waiting = select.poll()
             waiting.register(fd, select.POLLIN)
             if not waiting.poll(limit * 1000):
                 signal.pidfd_send_signal(fd, signal.SIGKILL)
                 waiting.poll(10_000)
-            else:
-                last = self.folder / probe.result_name(len(self.results) - 1)
-                self.ended_early = not last.exists()
+            elif last is not None:
+                self.ended_early = not (self.folder / probe.result_name(last)).exists()
+            if second["tests"]:
+                try:
+                    self.proof = (self.folder / probe.PROOF).read_text(
+                        errors="replace"
+                    )[:100]
+                except OSError:
+                    self.proof = "no proof written"
         finally:
             os.close(fd)
+
+    def _armed(self, child: int, fd: int, limit: float) -> bool:
+        """Wait (at most ``limit`` seconds) until the child, seen from outside, has armed
+        the guard: two seccomp filters more than the kernel, the guard mapped. False if
+        it exits or runs out of time first."""
+        deadline = time.monotonic() + limit
+        waiting = select.poll()
+        waiting.register(fd, select.POLLIN)
+        while time.monotonic() < deadline:
+            status = _status(child)
+            if not status or waiting.poll(0):
+                return False  # it has exited
+            mode, filters = _filters(status)
+            if (
+                mode == 2
+                and self.kernel_filters >= 0
+                and filters >= self.kernel_filters + 2
+                and status.get("Threads") == "1"
+            ):
+                return self.guard is None or guard.mapped(child, self.guard)
+            time.sleep(_POLL)
+        return False
+
+    def _unarmed_why(self, child: int) -> str:
+        try:
+            why = (self.folder / probe.UNARMED).read_text(errors="replace")[:300]
+        except OSError:
+            why = ""
+        if why:
+            return (
+                "the tests that forbid PyTorch's attention could not switch it off "
+                f"({why}); they were not run and the notebook is not graded"
+            )
+        if (
+            self.guard is not None
+            and _status(child)
+            and not guard.mapped(child, self.guard)
+        ):
+            return (
+                "the attention guard was not loaded in the tests' process; the tests "
+                "that forbid PyTorch's attention were not run and the notebook is not graded"
+            )
+        return (
+            "the tests' process did not switch PyTorch's attention off before the tests "
+            "that forbid it (it ended or stopped first); they were not run and the "
+            "notebook is not graded"
+        )
+
+    def _check_proof(self) -> None:
+        """The child's own first call in the second phase: PyTorch's attention must have
+        been refused by the guard; otherwise nothing of the phase counts."""
+        proof = self.proof
+        if proof is None:
+            return
+        if proof.strip() != "refused":
+            self.fault = self.fault or (
+                "the attention guard did not refuse PyTorch's attention in the tests' "
+                f"process ({proof.strip() or 'nothing'}); the tests that forbid it do not "
+                "count and the notebook is not graded"
+            )
+            for i in self._phase(True)["indices"]:
+                self.results[i] = None
 
     def _collect(self) -> None:
         """Read each result file (all of them together at most ``max_bytes``), then delete what the window
@@ -290,12 +400,16 @@ class SealedWindow(threading.Thread):
         free = os.statvfs(self.folder)
         if None in self.results and free.f_bavail * free.f_frsize < _SPARE:
             self.fault = f"the disk that holds {self.folder.parent} is full"
-        try:
-            with open(self.folder / probe.BETWEEN, errors="replace") as f:
-                self.between = f.read(20000).split()
-        except OSError:
-            pass
         for path in self.folder.iterdir():
             name = path.name
-            if name.startswith(("result_", probe.PLANS, probe.BETWEEN, "unsealed")):
+            if name.startswith(
+                (
+                    "result_",
+                    probe.PLANS,
+                    probe.GUARDED_PLANS,
+                    probe.PROOF,
+                    probe.UNARMED,
+                    "unsealed",
+                )
+            ):
                 path.unlink(missing_ok=True)

@@ -52,6 +52,8 @@ class Assignment:
     refusals: list[dict]  # {student, exercise, test, route}
     to_grade_again: list[dict]  # {student, outcome, limits, message}
     hand_changed: int = 0  # verdicts whose gradebook score was changed by hand since
+    # submissions flagged for review ({student, flags}; ``delegation.flags``): no points
+    for_review: list[dict] = field(default_factory=list)
 
     @property
     def max_score(self) -> float:
@@ -248,7 +250,26 @@ def read_assignment(db: Path, name: str) -> Assignment:
         ),
         to_grade_again=to_grade_again,
         hand_changed=hand_changed,
+        for_review=_for_review(db, name, graded),
     )
+
+
+def _for_review(db: Path, name: str, graded: set[str]) -> list[dict]:
+    """The students whose code was flagged for the instructor's review (the gradebook's
+    provenance table; a gradebook from before flags has none)."""
+    import json
+
+    from autograder.grading import provenance
+
+    found = []
+    for student, row in sorted(provenance.recorded(db, name).items()):
+        try:
+            flags = json.loads(row.get("flags") or "[]")
+        except ValueError:
+            flags = []
+        if student in graded and flags:
+            found.append({"student": student, "flags": [str(f) for f in flags][:20]})
+    return found
 
 
 def read_course(db: Path, names: list[str]) -> Course:

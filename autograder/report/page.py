@@ -42,6 +42,7 @@ def _everyone(course: Course) -> set[str]:
         ids |= {s.id for s in a.students}
         ids |= {t["student"] for t in a.to_grade_again}
         ids |= {r["student"] for r in a.refusals}
+        ids |= {r["student"] for r in a.for_review}
         for f in a.mistakes + a.unmatched:
             ids |= set(f.students)
     return ids
@@ -78,6 +79,7 @@ def _assignment_view(a: Assignment) -> dict:
         "ranked": ranked,
         "to_grade_again": a.to_grade_again,
         "refusals": a.refusals,
+        "for_review": a.for_review,
         "hand_changed": a.hand_changed,
     }
 

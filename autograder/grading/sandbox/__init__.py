@@ -63,6 +63,7 @@ from pathlib import Path
 from jupyter_client.manager import AsyncKernelManager
 from jupyter_core.utils import run_sync
 
+from autograder.grading import guard
 from autograder.grading.limits import Limits
 from autograder.paths import REPO
 
@@ -210,6 +211,11 @@ class Sandbox:
         ready_timeout: float = 120.0,
     ):
         self.limits = limits or Limits()
+        # the attention guard, built before the jail: without it nothing is graded
+        try:
+            self.guard = str(guard.ensure())
+        except guard.GuardUnavailable as exc:
+            raise SandboxUnavailable(str(exc)) from None
         self.base = Path(tempfile.mkdtemp(prefix="course-sandbox-"))
         self.base.chmod(0o700)
         (self.base / "kernels").mkdir()
@@ -235,6 +241,7 @@ class Sandbox:
             "threads": self.limits.threads,
             "kernel_ids": self.kernel_ids,
             "watch_period": self.limits.watch_period,
+            "guard": self.guard,
         }
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
         env["MPLBACKEND"] = "Agg"
@@ -256,6 +263,12 @@ class Sandbox:
         if line.strip() != b"ready":
             self.close()
             why = self.process.stderr.read().decode(errors="replace").strip()
+            guarded = [x for x in why.splitlines() if x.startswith("attention guard:")]
+            if guarded:
+                raise SandboxUnavailable(
+                    f"The {guarded[-1][:500]}. Nothing was graded and no grade was "
+                    "recorded: the hidden tests need PyTorch's attention switched off."
+                )
             from autograder.grading.sandbox.diagnose import explain
 
             raise SandboxUnavailable(
@@ -414,6 +427,10 @@ class Unsandboxed:
 
     def __init__(self, limits: Limits | None = None):
         self.limits = limits or Limits()
+        try:  # loaded by the probe in the kernel (``probe._load_guard``)
+            self.guard = str(guard.ensure())
+        except guard.GuardUnavailable as exc:
+            raise SandboxUnavailable(str(exc)) from None
 
     @contextmanager
     def kernel(self) -> Iterator[tuple[AsyncKernelManager, Path]]:

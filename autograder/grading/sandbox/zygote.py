@@ -663,7 +663,61 @@ def _kill(pid, sig):
         pass
 
 
-def preload():
+def load_guard(path):
+    """The attention guard (``grading/guard``), loaded before any student code so that
+    every kernel forked from here maps it: it captures PyTorch's attention kernels and
+    registers over them, for good. A zygote without it serves no kernel."""
+    import torch
+
+    torch.ops.load_library(path)
+    count = ctypes.CDLL(path).attention_guard_count()
+    if count < 1:
+        raise OSError("it guards no operator in this build of PyTorch")
+
+
+_FUSE_ATTENTION = "torch._inductor.fx_passes.fuse_attention"
+
+
+def _without_rewrites(module):
+    module._sfdp_init = lambda *args, **kwargs: None
+
+
+class _NoAttentionRewrites:
+    """Imports inductor's attention patterns with their registration emptied. A finder,
+    not an import here: inductor costs each kernel 40 MB of memory and address space,
+    and most notebooks never compile."""
+
+    def find_spec(self, name, path, target=None):
+        if name != _FUSE_ATTENTION:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(name, path, target)
+            if spec is not None and spec.loader is not None:
+                run = spec.loader.exec_module
+
+                def exec_module(module, run=run):
+                    run(module)
+                    _without_rewrites(module)
+
+                spec.loader.exec_module = exec_module
+                return spec
+        return None
+
+
+def no_attention_rewrites():
+    """torch.compile's inductor rewrites a matmul-softmax-matmul into PyTorch's fused
+    attention: an honest answer, compiled, would call what the guard switches off. The
+    rewrite is switched off before any student code (a student who switches it back on
+    only refuses their own answer)."""
+    if _FUSE_ATTENTION in sys.modules:
+        _without_rewrites(sys.modules[_FUSE_ATTENTION])
+    else:
+        sys.meta_path.insert(0, _NoAttentionRewrites())
+
+
+def preload(guard=None):
     """What every kernel would import: done once here, shared by every fork."""
     import matplotlib
 
@@ -675,7 +729,7 @@ def preload():
     import numpy  # noqa: F401
     import torch  # noqa: F401
 
-    # the probe's watch on PyTorch calls: its first use imports torch._dynamo (seconds)
+    # what torch.compile and inductor's settings (``no_attention_rewrites``) need: seconds
     import torch._dynamo  # noqa: F401
     import torch.nn.functional  # noqa: F401
     import torch.overrides  # noqa: F401
@@ -685,13 +739,20 @@ def preload():
         import tqdm.auto  # noqa: F401
     except ImportError:
         pass
+    if guard is not None:
+        no_attention_rewrites()
+        try:
+            load_guard(guard)
+        except Exception as exc:  # noqa: BLE001 (the grader refuses to grade without it)
+            print(f"attention guard: could not load {guard}: {exc}", file=sys.stderr)
+            sys.exit(1)
 
 
 def main(socket_path, config_json):
     config = json.loads(config_json)
     die_with_parent()
     enter_namespaces(config)
-    preload()
+    preload(config.get("guard"))
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped automatically
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.bind(socket_path)
