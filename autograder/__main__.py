@@ -62,7 +62,7 @@ def _edition(args) -> int:
 
 
 def _limits(args):
-    from autograder.grading.limits import Limits
+    from autograder.grading.running.limits import Limits
 
     return Limits(
         cell=args.cell_timeout,
@@ -79,8 +79,8 @@ def _limits(args):
 
 def _grade(args) -> int:
     from autograder.grading.grade import STOPPED, grade_many
-    from autograder.grading.sandbox import SandboxUnavailable
-    from autograder.grading.spec import graded_chapters
+    from autograder.grading.judging.spec import graded_chapters
+    from autograder.grading.running.sandbox import SandboxUnavailable
 
     if args.assignment is not None and args.assignment not in graded_chapters():
         print(
@@ -117,8 +117,8 @@ def _grade(args) -> int:
 
 
 def _autograde(args) -> int:
-    from autograder.grading import autograde as ag
-    from autograder.grading.spec import graded_chapters
+    from autograder.grading.judging.spec import graded_chapters
+    from autograder.grading.recording import autograde as ag
 
     if args.assignment not in graded_chapters():
         print(f"unknown assignment {args.assignment!r}", file=sys.stderr)
@@ -153,8 +153,8 @@ class _ClassRun:
         self.pages = []
 
     def run(self) -> int:
-        from autograder.grading import autograde as ag
-        from autograder.grading.sandbox import SandboxUnavailable
+        from autograder.grading.recording import autograde as ag
+        from autograder.grading.running.sandbox import SandboxUnavailable
 
         args, root, shard = self.args, self.root, self.shard
         entering = None
@@ -253,7 +253,7 @@ class _ClassRun:
 
     def stopped(self, stop) -> None:
         """What a stop kept and what is left, for the instructor."""
-        from autograder.grading import autograde as ag
+        from autograder.grading.recording import autograde as ag
 
         kept = self.journal.load() if self.journal else {}
         kept = {s: r for s, r in kept.items() if r.get("graded")}
@@ -288,7 +288,7 @@ def _partial(path):
 
 
 def _report_not_autograded(root, assignment: str, results: list[dict]) -> None:
-    from autograder.grading.autograde import not_autograded
+    from autograder.grading.recording.autograde import not_autograded
 
     for student in not_autograded(root, assignment, results):
         print(
@@ -298,7 +298,7 @@ def _report_not_autograded(root, assignment: str, results: list[dict]) -> None:
 
 
 def _merge(args) -> int:
-    from autograder.grading import autograde as ag
+    from autograder.grading.recording import autograde as ag
 
     root = ag.course_root(args.course_dir)
     results = [
@@ -342,8 +342,8 @@ def _merge(args) -> int:
 
 
 def _class_report(args) -> int:
-    from autograder.grading import autograde as ag
-    from autograder.grading.spec import graded_chapters
+    from autograder.grading.judging.spec import graded_chapters
+    from autograder.grading.recording import autograde as ag
     from autograder.report import report
     from autograder.report.data import assignments_in
 
@@ -374,7 +374,7 @@ def _class_report(args) -> int:
 
 def _release(args) -> int:
     from autograder import release
-    from autograder.grading.provenance import digest_files
+    from autograder.grading.recording.provenance import digest_files
     from autograder.paths import REPO, course_version
 
     if args.record:
@@ -409,7 +409,7 @@ def _report(result: dict, as_json: bool) -> None:
     if as_json:
         print(json.dumps(result), flush=True)
         return
-    from autograder.grading.provenance import short
+    from autograder.grading.recording.provenance import short
 
     print(
         f"{result['notebook']}: {result['score']:g} / {result['max_score']:g} "
@@ -429,7 +429,7 @@ def _report(result: dict, as_json: bool) -> None:
 
 def _limit_arguments(command) -> None:
     """The limits' flags; their defaults come from ``Limits``, the one place they are set."""
-    from autograder.grading.limits import Limits
+    from autograder.grading.running.limits import Limits
 
     d = Limits()
     for flag, name, kind, text in (

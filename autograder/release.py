@@ -55,8 +55,8 @@ def grade_changing(body: str) -> set[str]:
 
 
 def current_digests(repo: Path = REPO) -> dict[str, str]:
-    from autograder.grading.provenance import assignment_digest
-    from autograder.grading.spec import graded_chapters
+    from autograder.grading.judging.spec import graded_chapters
+    from autograder.grading.recording.provenance import assignment_digest
 
     return {c: assignment_digest(c, repo) for c in graded_chapters()}
 

@@ -26,9 +26,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from autograder.grading import verdict_record as vr  # noqa: E402
+from autograder.grading.judging.spec import graded_chapters, load_chapter_tests  # noqa: E402
 from autograder.grading.nbgrader_bridge import COURSE_ID  # noqa: E402
-from autograder.grading.spec import graded_chapters, load_chapter_tests  # noqa: E402
+from autograder.grading.recording import verdict_record as vr  # noqa: E402
 from autograder.paths import COURSE_ROOT  # noqa: E402
 
 UNMATCHED = [

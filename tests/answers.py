@@ -22,11 +22,12 @@ from types import ModuleType
 
 import pytest
 
-from autograder.grading import delegation, probe
-from autograder.grading.judge import verdict
-from autograder.grading.prepare import prepare
-from autograder.grading.spec import load_chapter_tests
-from autograder.grading.student_code import StudentCode, given_sources
+from autograder.grading.judging import delegation
+from autograder.grading.judging.judge import verdict
+from autograder.grading.judging.prepare import prepare
+from autograder.grading.judging.spec import load_chapter_tests
+from autograder.grading.running.student_code import StudentCode, given_sources
+from autograder.grading.sealed import probe
 from autograder.paths import REPO
 
 SEEDS = [0, 1, 2]

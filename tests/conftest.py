@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from autograder.build.book import book_command, book_env
-from autograder.grading.spec import graded_chapters
+from autograder.grading.judging.spec import graded_chapters
 
 CHAPTERS = graded_chapters()
 

@@ -11,7 +11,7 @@ from nbclient import NotebookClient
 
 from autograder import paths
 from autograder.build.solution_cells import BEGIN, END
-from autograder.grading.spec import graded_chapters
+from autograder.grading.judging.spec import graded_chapters
 
 CHAPTERS = graded_chapters()
 

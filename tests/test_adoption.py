@@ -14,8 +14,8 @@ import pytest
 import yaml
 
 from autograder import release
-from autograder.grading.provenance import assignment_digest, digest_files
-from autograder.grading.spec import graded_chapters
+from autograder.grading.judging.spec import graded_chapters
+from autograder.grading.recording.provenance import assignment_digest, digest_files
 from autograder.paths import REPO, course_version, nbgrader_source, release_notebook
 
 CONFIG = yaml.safe_load((REPO / "_config.yml").read_text())
@@ -150,7 +150,7 @@ def _course_copy(tmp_path: Path) -> Path:
     for folder in ("solutions", "autograder/hidden_tests", "autograder/known_mistakes"):
         shutil.copytree(REPO / folder, copy / folder)
     for name in (
-        "autograder/grading/tolerances.py",
+        "autograder/grading/judging/tolerances.py",
         "CHANGELOG.md",
         "VERSION",
         release.RECORD,
@@ -218,7 +218,7 @@ def test_the_digest_covers_tests_references_mistakes_and_tolerances_only():
         "autograder/known_mistakes/transformer.py",
         "solutions/transformer.py",
         "solutions/multi_head.py",  # imported by the reference: it grades too
-        "autograder/grading/tolerances.py",
+        "autograder/grading/judging/tolerances.py",
     } <= set(files)
     assert not any(f.startswith("chapters/") for f in files)  # prose changes no grade
     record = json.loads((REPO / release.RECORD).read_text())
@@ -230,8 +230,8 @@ def test_the_digest_covers_tests_references_mistakes_and_tolerances_only():
 
 def test_release_and_check_print_the_version_and_digests(monkeypatch, capsys):
     from autograder.__main__ import main
-    from autograder.grading import sandbox
-    from autograder.grading.limits import Limits
+    from autograder.grading.running import sandbox
+    from autograder.grading.running.limits import Limits
 
     assert main(["release"]) == 0
     out = capsys.readouterr().out
@@ -282,7 +282,7 @@ def test_contributing_covers_a_typo_a_known_mistake_and_an_exercise():
 
 
 def test_the_summary_names_regrades_under_another_digest_and_mixed_digests():
-    from autograder.grading.autograde import summary
+    from autograder.grading.recording.autograde import summary
 
     def result(student, digest):
         return {

@@ -20,7 +20,7 @@ import pytest
 
 from autograder import paths
 from autograder.build.solution_cells import reference_definitions
-from autograder.grading.spec import graded_chapters, load_chapter_tests
+from autograder.grading.judging.spec import graded_chapters, load_chapter_tests
 
 # A statement shorter than this (normalised) says too little to give an answer away:
 # "return out", "x = x + 1", "super().__init__()".

@@ -13,8 +13,8 @@ import sys
 import pytest
 
 from autograder import paths
-from autograder.grading import guard
-from autograder.grading.spec import load_chapter_tests
+from autograder.grading.judging.spec import load_chapter_tests
+from autograder.grading.sealed import guard
 from tests.attack_cells import PATCH_COMPARISONS, STEAL, stub_with_cell
 from tests.notebooks import (
     grade_cli,
@@ -68,7 +68,7 @@ class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         pass
 
 sys.meta_path.insert(0, _Finder())
-for name in ["autograder", "autograder.grading.judge", "autograder.grading.probe", "solutions",
+for name in ["autograder", "autograder.grading.judging.judge", "autograder.grading.sealed.probe", "solutions",
              "solutions.self_attention", "nbgrader", "_grader_probe"]:
     sys.modules[name] = _Fake(name)
 """

@@ -1,5 +1,5 @@
 """Round-4 attacks, on the design where PyTorch's attention is switched off rather than
-watched (``grading/guard``): the issue's attacks 1 and 3, honest notebooks that the old
+watched (``grading/sealed/guard``): the issue's attacks 1 and 3, honest notebooks that the old
 watch and code reading wrongly cost points (6a, 6b, 6c), and new attacks on the guard,
 its arming and the two phases of the sealed window.
 
@@ -14,7 +14,7 @@ import json
 
 import pytest
 
-from autograder.grading import guard
+from autograder.grading.sealed import guard
 from tests.notebooks import grade_cli, student_notebook, with_extra_cell, write
 
 pytestmark = pytest.mark.slow

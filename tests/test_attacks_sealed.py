@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from autograder.grading import guard
+from autograder.grading.sealed import guard
 from tests.notebooks import grade_cli, student_notebook, with_extra_cell, write
 
 pytestmark = pytest.mark.slow
@@ -253,7 +253,7 @@ def test_a_window_the_grader_cannot_open_is_no_grade(tmp_path, monkeypatch):
     """The grader's own failure while the tests run (here its disk refuses the plans)
     records no grade for the notebook, even after the second try, and says why."""
     from autograder.grading.grade import grade_notebook
-    from autograder.grading.window import SealedWindow
+    from autograder.grading.sealed.window import SealedWindow
 
     def full_disk(self, child):
         raise OSError(28, "No space left on device")

@@ -696,7 +696,7 @@ def test_independent_correct_answers_pass(exercise, right, seed):
 
 
 def test_every_exercise_has_a_mistake_catalogue_of_at_least_three():
-    from autograder.grading.spec import load_chapter_tests
+    from autograder.grading.judging.spec import load_chapter_tests
 
     tests = load_chapter_tests(CHAPTER)
     for exercise in tests.exercises:

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from autograder.grading.spec import load_chapter_tests
+from autograder.grading.judging.spec import load_chapter_tests
 from solutions import bottleneck as bn
 
 # answers call the reference by its bare name, as a student's notebook would

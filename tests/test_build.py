@@ -13,7 +13,7 @@ import pytest
 
 from autograder import paths
 from autograder.build.solution_cells import exercise_names
-from autograder.grading.spec import load_chapter_tests
+from autograder.grading.judging.spec import load_chapter_tests
 from tests.notebooks import CHAPTERS, answers, release_notebook, source_notebook
 
 NOTEBOOK_PRELUDE = (

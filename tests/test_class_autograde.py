@@ -15,9 +15,9 @@ import pytest
 from nbgrader.api import Gradebook, MissingEntry
 
 from autograder import paths
-from autograder.grading.autograde import in_shard
 from autograder.grading.nbgrader_bridge import COURSE_ID
-from autograder.grading.provenance import TABLE, assignment_digest, recorded
+from autograder.grading.recording.autograde import in_shard
+from autograder.grading.recording.provenance import TABLE, assignment_digest, recorded
 from tests.browser import Browser, Site
 from tests.notebooks import class_course, release_notebook, student_notebook
 

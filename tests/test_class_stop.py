@@ -20,9 +20,9 @@ import pytest
 from nbgrader.api import Gradebook, MissingEntry
 
 from autograder import paths
-from autograder.grading import completion
 from autograder.grading.nbgrader_bridge import COURSE_ID
-from autograder.grading.stop_points import STOP_AT
+from autograder.grading.recording import completion
+from autograder.grading.recording.stop_points import STOP_AT
 from tests.notebooks import class_course, release_notebook, student_notebook
 
 pytestmark = pytest.mark.slow

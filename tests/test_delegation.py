@@ -8,12 +8,13 @@ import textwrap
 
 import torch.nn.functional as F
 
-from autograder.grading import delegation, guard
-from autograder.grading.delegation import FEATURES, flags, remarks, static_uses
-from autograder.grading.judge import verdict
-from autograder.grading.prepare import prepare
-from autograder.grading.spec import graded_chapters, load_chapter_tests
-from autograder.grading.student_code import StudentCode
+from autograder.grading.judging import delegation
+from autograder.grading.judging.delegation import FEATURES, flags, remarks, static_uses
+from autograder.grading.judging.judge import verdict
+from autograder.grading.judging.prepare import prepare
+from autograder.grading.judging.spec import graded_chapters, load_chapter_tests
+from autograder.grading.running.student_code import StudentCode
+from autograder.grading.sealed import guard
 from solutions import self_attention as sa
 from tests.answers import code_of, verdicts
 from tests.notebooks import COLAB_CELLS, SCRATCH_CELLS, answers
@@ -100,7 +101,7 @@ def test_reading_the_code_never_takes_a_point():
     comparing with it, an alias: the verdict rests on what the answer returns."""
     tests = load_chapter_tests("03_self_attention")
     (p,) = prepare(tests, [tests.test("sdpa_basic")], 0)
-    from autograder.grading import probe
+    from autograder.grading.sealed import probe
 
     got = probe.run_test(vars(sa), p.test_plan)
     first_try = (

@@ -18,7 +18,7 @@ import pytest
 from autograder import paths
 from autograder.__main__ import main
 from autograder.build import edition
-from autograder.grading.spec import graded_chapters
+from autograder.grading.judging.spec import graded_chapters
 from tests.browser import Browser, Site
 from tests.test_publishing import LINTERS, _lint
 

@@ -19,10 +19,11 @@ import pytest
 import torch
 
 from autograder import paths
-from autograder.grading import feedback_page, judge
-from autograder.grading.prepare import prepare
-from autograder.grading.spec import load_chapter_tests
-from autograder.grading.student_code import StudentCode
+from autograder.grading.judging import judge
+from autograder.grading.judging.prepare import prepare
+from autograder.grading.judging.spec import load_chapter_tests
+from autograder.grading.recording import feedback_page
+from autograder.grading.running.student_code import StudentCode
 from tests.browser import Browser, Site
 from tests.notebooks import student_notebook, with_extra_cell, write
 
@@ -79,7 +80,7 @@ FORGED = {"sdpa_basic", "causal_mask_values", "padding_mask_values"}
 GRADE_AND_MEASURE = """
 import json, resource, sys
 from autograder.grading.grade import grade_notebook
-from autograder.grading.spec import load_chapter_tests
+from autograder.grading.judging.spec import load_chapter_tests
 load_chapter_tests(sys.argv[2]).reference()
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 result = grade_notebook(sys.argv[1], sys.argv[2], seed=7)
@@ -207,7 +208,7 @@ def test_the_judge_never_raises_on_what_a_result_may_hold():
 
 
 def test_the_validator_keeps_what_the_probe_writes_and_bounds_the_rest():
-    from autograder.grading import outcomes
+    from autograder.grading.judging import outcomes
 
     good = [{"value": [torch.ones(2), 3, "s", None]}, {"error": "E", "used": ["mm"]}]
     assert outcomes.validated(good, 2)[0]["value"][1] == 3

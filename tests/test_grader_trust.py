@@ -16,10 +16,10 @@ import pytest
 
 from autograder import paths
 from autograder.grading.grade import Batch, grade_many, grade_notebook
-from autograder.grading.limits import Limits
-from autograder.grading.preflight import prove
-from autograder.grading.sandbox import Sandbox, SandboxUnavailable
-from autograder.grading.sandbox.diagnose import APPARMOR_PROFILE, cause
+from autograder.grading.running.limits import Limits
+from autograder.grading.running.preflight import prove
+from autograder.grading.running.sandbox import Sandbox, SandboxUnavailable
+from autograder.grading.running.sandbox.diagnose import APPARMOR_PROFILE, cause
 from tests.notebooks import (
     memory_hog,
     release_notebook,
@@ -111,8 +111,8 @@ def test_a_batch_whose_kernels_fail_to_start_stops_and_records_no_grade(tmp_path
 
 _IMPORTS_IN_JAIL = """
 import sys
-from autograder.grading.sandbox import Sandbox
-from autograder.grading.preflight import prove
+from autograder.grading.running.sandbox import Sandbox
+from autograder.grading.running.preflight import prove
 from tests.notebooks import run_cells
 with Sandbox() as sandbox:
     prove(sandbox)
@@ -201,7 +201,7 @@ def test_an_ordinary_users_grader_passes_the_check():
 
 _LOCKED_KERNEL_DIR = """
 import os
-from autograder.grading.sandbox import Sandbox
+from autograder.grading.running.sandbox import Sandbox
 with Sandbox() as sandbox:
     with sandbox.kernel() as (km, kernel_dir):
         os.makedirs(kernel_dir / "locked" / "inner")

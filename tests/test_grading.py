@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from autograder import paths
-from autograder.grading.provenance import assignment_digest
+from autograder.grading.recording.provenance import assignment_digest
 from tests.notebooks import (
     grade_cli,
     release_notebook,

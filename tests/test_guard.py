@@ -1,4 +1,4 @@
-"""The attention guard itself (autograder/grading/guard): built, loaded in a fresh
+"""The attention guard itself (autograder/grading/sealed/guard): built, loaded in a fresh
 process, PyTorch's attention computes while unarmed and every route to it is refused once
 two seccomp filters arm it (tests/guard_routes.py tries them)."""
 
@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from autograder.grading import guard
+from autograder.grading.sealed import guard
 from autograder.paths import REPO
 
 
@@ -77,8 +77,8 @@ def test_an_unbuildable_guard_is_a_grader_fault(tmp_path, monkeypatch):
 _COMPILED = """
 import sys, torch
 sys.path.insert(0, sys.argv[1])
-from autograder.grading import guard, probe
-from autograder.grading.sandbox import zygote
+from autograder.grading.sealed import guard, probe
+from autograder.grading.running.sandbox import zygote
 torch.ops.load_library(str(guard.library_path()))
 if sys.argv[2] == "rewrites off":
     zygote.no_attention_rewrites()
@@ -137,7 +137,7 @@ open("/proc/self/gid_map", "w").write(f"0 {gid} 1")
 import torch
 import torch.nn.functional as F
 sys.path.insert(0, sys.argv[1])
-from autograder.grading import guard, probe
+from autograder.grading.sealed import guard, probe
 torch.ops.load_library(str(guard.library_path()))
 assert libc.mount(b"tmpfs", b"/proc", b"tmpfs", 0, None) == 0, "mount"
 os.makedirs("/proc/self")
@@ -171,7 +171,7 @@ def test_a_faked_proc_status_does_not_disarm_the_guard():
 
 
 def test_the_python_attention_stubs_say_what_the_guard_says():
-    from autograder.grading import probe
+    from autograder.grading.sealed import probe
 
     for refuser, name in (
         (probe._refuse_multi_head_attention_forward, "multi_head_attention_forward"),
@@ -187,7 +187,7 @@ def test_the_python_attention_stubs_say_what_the_guard_says():
 
 
 def _window(tmp_path):
-    from autograder.grading.window import SealedWindow
+    from autograder.grading.sealed.window import SealedWindow
 
     plans = {
         "tests": [
@@ -222,7 +222,7 @@ def test_a_guard_that_did_not_refuse_grades_nothing_of_its_phase(tmp_path):
 def test_a_guard_that_cannot_load_refuses_to_grade(tmp_path, monkeypatch):
     """A compiled guard that the zygote cannot load (here: not a library at all) stops
     the sandbox before any kernel starts, with a message that names the guard."""
-    from autograder.grading.sandbox import Sandbox, SandboxUnavailable
+    from autograder.grading.running.sandbox import Sandbox, SandboxUnavailable
 
     monkeypatch.setenv(guard.CACHE_ENV, str(tmp_path))
     broken = guard.library_path()

@@ -3,7 +3,7 @@ plausible wrong answers, and the feedback names the known mistakes."""
 
 import pytest
 
-from autograder.grading.spec import load_chapter_tests
+from autograder.grading.judging.spec import load_chapter_tests
 from tests.answers import (
     SEEDS,
     verdicts,

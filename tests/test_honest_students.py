@@ -13,8 +13,8 @@ import pytest
 
 from autograder import paths
 from autograder.grading.grade import grade_many, restored
-from autograder.grading.spec import load_chapter_tests
-from autograder.grading.student_code import StudentCode, is_course_cell
+from autograder.grading.judging.spec import load_chapter_tests
+from autograder.grading.running.student_code import StudentCode, is_course_cell
 from tests.notebooks import CHAPTERS, honest_notebook, student_notebook, write
 
 NBGRADER_CHAPTER = "08_efficient_attention"

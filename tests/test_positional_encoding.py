@@ -9,9 +9,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from autograder.grading.prepare import generator
-from autograder.grading.spec import load_chapter_tests
-from autograder.grading.tolerances import LEVELS
+from autograder.grading.judging.prepare import generator
+from autograder.grading.judging.spec import load_chapter_tests
+from autograder.grading.judging.tolerances import LEVELS
 from solutions import positional_encoding as pe
 from tests.answers import (
     SEEDS,

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from autograder.grading.spec import load_chapter_tests
+from autograder.grading.judging.spec import load_chapter_tests
 from solutions import relative_position as rp
 from tests.answers import (
     SEEDS,

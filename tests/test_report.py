@@ -18,9 +18,9 @@ from nbgrader.api import Gradebook
 from PIL import Image
 
 from autograder import paths
-from autograder.grading import verdict_record
+from autograder.grading.judging.spec import graded_chapters, load_chapter_tests
 from autograder.grading.nbgrader_bridge import COURSE_ID
-from autograder.grading.spec import graded_chapters, load_chapter_tests
+from autograder.grading.recording import verdict_record
 from autograder.report import data
 from tests.browser import Browser, Site
 from tests.notebooks import (

@@ -12,8 +12,9 @@ import zipfile
 import torch
 
 from autograder import paths
-from autograder.grading import outcomes, probe, result_reader
-from autograder.grading.result_reader import Budget, decode, read_file
+from autograder.grading.judging import outcomes
+from autograder.grading.sealed import probe, result_reader
+from autograder.grading.sealed.result_reader import Budget, decode, read_file
 
 MB = 2**20
 
@@ -121,7 +122,7 @@ def test_a_forged_header_costs_nothing_and_says_why():
 # Measures the grader's peak memory while it reads a 256 MB result file of each kind.
 MEASURE = """
 import os, resource, sys
-from autograder.grading.result_reader import Budget, decode, read_file
+from autograder.grading.sealed.result_reader import Budget, decode, read_file
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 for name in os.listdir(sys.argv[1]):
     got = read_file(os.path.join(sys.argv[1], name), Budget(32 * 2**20))

@@ -5,8 +5,8 @@ import threading
 import pytest
 
 from autograder import paths
-from autograder.grading.limits import Limits
-from autograder.grading.sandbox import Sandbox
+from autograder.grading.running.limits import Limits
+from autograder.grading.running.sandbox import Sandbox
 from tests.notebooks import memory_hog, run_cells, run_cells_to_end
 
 pytestmark = pytest.mark.slow

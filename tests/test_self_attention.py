@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from autograder.grading.spec import load_chapter_tests
+from autograder.grading.judging.spec import load_chapter_tests
 from solutions import self_attention as sa
 
 # answers call the reference by its bare name, as a student's notebook would

@@ -28,7 +28,7 @@ import pytest
 from nbgrader.api import Gradebook
 
 from autograder import paths
-from autograder.grading.spec import load_chapter_tests
+from autograder.grading.judging.spec import load_chapter_tests
 from tests.notebooks import answers, release_notebook, source_notebook
 from tests.shared_machine import (
     ON_THIS_MACHINE,

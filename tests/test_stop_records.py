@@ -5,10 +5,15 @@ completion marks, and which students a rerun records again."""
 import json
 import sqlite3
 
-from autograder.grading import completion
-from autograder.grading.autograde import Journal, _limits_key, plan, recorded_already
-from autograder.grading.limits import Limits
-from autograder.grading.provenance import assignment_digest
+from autograder.grading.recording import completion
+from autograder.grading.recording.autograde import (
+    Journal,
+    _limits_key,
+    plan,
+    recorded_already,
+)
+from autograder.grading.recording.provenance import assignment_digest
+from autograder.grading.running.limits import Limits
 from autograder.paths import course_version
 
 CHAPTER = "03_self_attention"

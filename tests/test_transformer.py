@@ -917,8 +917,8 @@ def test_independent_correct_answers_pass(exercise, right, seed):
 def test_label_smoothing_by_pytorchs_loss_gets_a_remark_not_a_zero():
     """F.cross_entropy(label_smoothing=...) is the exercise done by PyTorch: reading the
     code takes no point (it may be dead code or a comparison), it adds a remark."""
-    from autograder.grading.delegation import FEATURES
-    from autograder.grading.spec import load_chapter_tests
+    from autograder.grading.judging.delegation import FEATURES
+    from autograder.grading.judging.spec import load_chapter_tests
     from tests.answers import verdicts
 
     def delegating(logits, target, smoothing=0.1, ignore_index=-100):

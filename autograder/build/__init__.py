@@ -42,7 +42,7 @@ from autograder.build.solution_cells import (
     reference_definitions,
 )
 from autograder.build.student_markdown import to_jupyter_markdown
-from autograder.grading.spec import (
+from autograder.grading.judging.spec import (
     ChapterTests,
     HiddenTest,
     graded_chapters,

@@ -275,7 +275,7 @@ def _clear(out: Path) -> None:
 
 def released_modules(with_solutions: list[str]) -> list[str]:
     """The solution modules of the chapters whose solutions are released."""
-    from autograder.grading.spec import graded_chapters
+    from autograder.grading.judging.spec import graded_chapters
 
     unknown = sorted(set(with_solutions) - set(graded_chapters()))
     if unknown:
@@ -288,7 +288,7 @@ def released_modules(with_solutions: list[str]) -> list[str]:
 
 def write(out: Path, book_html: Path, with_solutions: list[str] = ()) -> Path:
     """Write the edition into ``out`` from a book already built by ``build_book``."""
-    from autograder.grading.spec import graded_chapters
+    from autograder.grading.judging.spec import graded_chapters
 
     modules = released_modules(list(with_solutions))
     chapters = graded_chapters()

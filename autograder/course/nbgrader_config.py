@@ -56,8 +56,8 @@ try:
         prove_sandbox,
         recorded_hook,
     )
-    from autograder.grading.safe_feedback import FeedbackExporter
-    from autograder.grading.validate_settings import configure_validate
+    from autograder.grading.recording.safe_feedback import FeedbackExporter
+    from autograder.grading.recording.validate_settings import configure_validate
 except Exception as exc:  # noqa: BLE001
     # nbgrader logs a config file's errors and goes on with its defaults, which would run
     # every submission unjailed beside the course files and record what it scores.
@@ -79,7 +79,7 @@ c.LateSubmissionPlugin.penalty_method = "zero"
 
 # Before the first submission enters the gradebook: prove the jail, or stop (exit 3).
 # Before each student is recorded, their completion mark goes; once nbgrader has recorded
-# them completely, it is written (autograder/grading/completion.py): a stop in between
+# them completely, it is written (autograder/grading/recording/completion.py): a stop in between
 # leaves a student that `python -m autograder autograde` records again, never a half
 # record taken for a finished one. The same for each feedback page.
 db_url = f"sqlite:///{course_root / 'gradebook.db'}"

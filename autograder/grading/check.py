@@ -16,10 +16,10 @@ from pathlib import Path
 
 import nbformat
 
-from autograder.grading.execute import run_notebook
-from autograder.grading.limits import Limits
-from autograder.grading.provenance import assignment_digest
-from autograder.grading.spec import graded_chapters
+from autograder.grading.judging.spec import graded_chapters
+from autograder.grading.recording.provenance import assignment_digest
+from autograder.grading.running.execute import run_notebook
+from autograder.grading.running.limits import Limits
 from autograder.paths import course_version, nbgrader_source, release_notebook
 
 CHAPTER = "03_self_attention"
@@ -53,8 +53,8 @@ def _inside(sandbox, limits: Limits) -> str:
 
 def check(limits: Limits) -> int:
     from autograder.grading.grade import grade_notebook
-    from autograder.grading.preflight import prove
-    from autograder.grading.sandbox import Sandbox, SandboxUnavailable
+    from autograder.grading.running.preflight import prove
+    from autograder.grading.running.sandbox import Sandbox, SandboxUnavailable
 
     def say(line: str) -> None:
         print(line, flush=True)

@@ -23,15 +23,19 @@ from pathlib import Path
 import nbformat
 from nbgrader.preprocessors import DeduplicateIds
 
-from autograder.grading import delegation
-from autograder.grading.execute import Run, run_notebook
-from autograder.grading.judge import Verdict, verdict
-from autograder.grading.limits import Limits
-from autograder.grading.prepare import PreparedTest, prepare
-from autograder.grading.provenance import stamp
-from autograder.grading.sandbox import KernelEnd, Sandbox, Unsandboxed
-from autograder.grading.spec import ChapterTests, graded_chapters, load_chapter_tests
-from autograder.grading.student_code import (
+from autograder.grading.judging import delegation
+from autograder.grading.judging.judge import Verdict, verdict
+from autograder.grading.judging.prepare import PreparedTest, prepare
+from autograder.grading.judging.spec import (
+    ChapterTests,
+    graded_chapters,
+    load_chapter_tests,
+)
+from autograder.grading.recording.provenance import stamp
+from autograder.grading.running.execute import Run, run_notebook
+from autograder.grading.running.limits import Limits
+from autograder.grading.running.sandbox import KernelEnd, Sandbox, Unsandboxed
+from autograder.grading.running.student_code import (
     StudentCode,
     course_cells,
     demo_sources,
@@ -427,7 +431,7 @@ def grade_many(
     progress bar). ``timings`` (if given) gets ``start``: the seconds before the first
     notebook starts (the references loaded, the sandbox started and proven). Raises
     ``SandboxUnavailable`` (nothing graded) when the canary fails."""
-    from autograder.grading.preflight import prove
+    from autograder.grading.running.preflight import prove
 
     started = time.perf_counter()
     seed = secrets.randbits(32) if seed is None else seed

@@ -27,7 +27,7 @@ pre-convert hook deleted before nbgrader touched them; ``generate_feedback``'s h
 ``python -m autograder autograde`` (``autograde.py``) grades a whole class in parallel
 first and then runs ``nbgrader autograde`` with the results in a file named by the
 environment variable ``AUTOGRADER_VERDICTS``: a submission whose restored cells are the
-ones graded there (the same :func:`~autograder.grading.student_code.grading_key`) is recorded from the
+ones graded there (the same :func:`~autograder.grading.running.student_code.grading_key`) is recorded from the
 file, not run again; any other is graded here as usual.
 
 :func:`run_hidden_test` is what those test cells would run under nbgrader's own
@@ -55,8 +55,8 @@ from nbgrader.api import Gradebook, MissingEntry
 from nbgrader.preprocessors import ClearHiddenTests, NbGraderPreprocessor
 from traitlets import Integer
 
-from autograder.grading.stop_points import stop_point
-from autograder.grading.student_code import is_test_cell
+from autograder.grading.recording.stop_points import stop_point
+from autograder.grading.running.student_code import is_test_cell
 
 _SANDBOX = None
 _LOCK = threading.Lock()
@@ -84,8 +84,8 @@ def _shared_sandbox():
     global _SANDBOX
     with _LOCK:
         if _SANDBOX is None:
-            from autograder.grading.preflight import prove
-            from autograder.grading.sandbox import Sandbox
+            from autograder.grading.running.preflight import prove
+            from autograder.grading.running.sandbox import Sandbox
 
             sandbox = Sandbox()
             atexit.register(sandbox.close)
@@ -111,7 +111,7 @@ def prove_sandbox(assignment, student, notebooks, db_url=None, course_id=None, *
     gradebook: start and prove the jail (once), or stop nbgrader with exit status 3 and
     the diagnosis before anything is recorded. Also notes whether the submission is
     new to the gradebook, so a grader fault can take its entry out again."""
-    from autograder.grading.sandbox import SandboxUnavailable
+    from autograder.grading.running.sandbox import SandboxUnavailable
 
     try:
         if not os.environ.get(VERDICTS):  # else proven when a notebook must be run here
@@ -144,7 +144,7 @@ def _recording_begins(db_url: str, assignment: str, student: str) -> None:
     """The student's completion mark goes before nbgrader writes anything for them
     (``completion.py``); if it cannot, nbgrader stops: a mark left in place would
     vouch for a record this run may leave half written."""
-    from autograder.grading import completion, provenance
+    from autograder.grading.recording import completion, provenance
 
     path = provenance.db_path(db_url)
     if path is None:
@@ -162,7 +162,7 @@ def recorded_hook(assignment, student, notebooks, db_url=None, **_):
     student completely (the gradebook, the autograded notebook, the provenance):
     the student's completion mark (``completion.py``), with the id of the result
     recorded. A failure here only leaves the student to be recorded again."""
-    from autograder.grading import completion, provenance
+    from autograder.grading.recording import completion, provenance
 
     owner = _owner(notebooks)
     path = provenance.db_path(db_url) if db_url else None
@@ -178,7 +178,7 @@ def recorded_hook(assignment, student, notebooks, db_url=None, **_):
 def feedback_hook(assignment, student, notebooks, db_url=None, done=False, **_):
     """nbgrader's pre- (``done`` False) and post-convert (``done`` True) hooks for
     ``generate_feedback``: the student's page is being written, or was written."""
-    from autograder.grading import completion, provenance
+    from autograder.grading.recording import completion, provenance
 
     owner = _owner(notebooks)
     path = provenance.db_path(db_url) if db_url else None
@@ -196,7 +196,9 @@ class SandboxedExecute(NbGraderPreprocessor):
     ).tag(config=True)
 
     def preprocess(self, nb, resources):
-        from autograder.grading.student_code import grading_key  # light: no torch
+        from autograder.grading.running.student_code import (
+            grading_key,  # light: no torch
+        )
 
         assignment = resources["nbgrader"]["assignment"]
         student = resources["nbgrader"].get("student")
@@ -264,7 +266,7 @@ class SandboxedExecute(NbGraderPreprocessor):
         """What graded it: a row in the gradebook's provenance table (a warning when the
         student was graded before under another digest) and a note at the top of the
         autograded notebook, which the feedback page shows."""
-        from autograder.grading import provenance
+        from autograder.grading.recording import provenance
 
         student, db_url = info.get("student"), info.get("db_url")
         if db_url and student:
@@ -291,7 +293,7 @@ class SandboxedExecute(NbGraderPreprocessor):
 
     def _grade_here(self, nb, info: dict, assignment: str) -> dict:
         from autograder.grading.grade import grade_notebook
-        from autograder.grading.sandbox import SandboxUnavailable
+        from autograder.grading.running.sandbox import SandboxUnavailable
 
         try:
             sandbox = _shared_sandbox()
@@ -353,7 +355,7 @@ class RestoreHiddenTests(NbGraderPreprocessor):
 def _record_verdicts(info: dict, assignment: str, result: dict) -> None:
     """Every verdict of the grade, or why there is none, for the class report
     (``verdict_record.py``)."""
-    from autograder.grading import provenance, verdict_record
+    from autograder.grading.recording import provenance, verdict_record
 
     student, db_url = info.get("student"), info.get("db_url")
     path = provenance.db_path(db_url) if db_url else None
@@ -373,11 +375,11 @@ def run_hidden_test(
     """One hidden test judged inside the student's kernel, student code and check in one
     process, as plain nbgrader would run a test cell: the benchmark's baseline. The
     verdict is the grader's own; the code it reads is the kernel's input history."""
-    from autograder.grading.judge import verdict
-    from autograder.grading.prepare import prepare
-    from autograder.grading.probe import run_test
-    from autograder.grading.spec import load_chapter_tests
-    from autograder.grading.student_code import StudentCode, given_sources
+    from autograder.grading.judging.judge import verdict
+    from autograder.grading.judging.prepare import prepare
+    from autograder.grading.judging.spec import load_chapter_tests
+    from autograder.grading.running.student_code import StudentCode, given_sources
+    from autograder.grading.sealed.probe import run_test
 
     tests = load_chapter_tests(chapter)
     seed = secrets.randbits(32) if seed is None else seed

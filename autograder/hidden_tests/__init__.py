@@ -1,1 +1,1 @@
-"""Hidden tests, one module per chapter (named like its ``solutions`` module). See ``autograder.grading.spec``."""
+"""Hidden tests, one module per chapter (named like its ``solutions`` module). See ``autograder.grading.judging.spec``."""

@@ -8,7 +8,7 @@ with copied weights and the papers' formulas in tests/test_beyond_sequences.py.
 
 import torch
 
-from autograder.grading.spec import HiddenTest, Init, case
+from autograder.grading.judging.spec import HiddenTest, Init, case
 from autograder.hidden_tests._inputs import randn
 
 

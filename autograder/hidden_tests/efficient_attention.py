@@ -8,7 +8,7 @@ The visible checks measure it, and the project's tests hold the references to it
 
 import torch
 
-from autograder.grading.spec import HiddenTest, case
+from autograder.grading.judging.spec import HiddenTest, case
 from autograder.hidden_tests._inputs import randn
 
 

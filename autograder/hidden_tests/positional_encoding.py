@@ -8,7 +8,7 @@ tolerance. Every catalogued mistake is off by O(1), far outside it.
 
 import torch
 
-from autograder.grading.spec import HiddenTest, Init, case
+from autograder.grading.judging.spec import HiddenTest, Init, case
 
 # ---------------------------------------------------------------------------------- cases
 

@@ -9,7 +9,7 @@ import math
 
 import torch
 
-from autograder.grading.spec import HiddenTest, case, notebook_function
+from autograder.grading.judging.spec import HiddenTest, case, notebook_function
 from autograder.hidden_tests._inputs import randn, random_mask
 
 

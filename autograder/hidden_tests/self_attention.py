@@ -2,7 +2,7 @@
 
 import torch
 
-from autograder.grading.spec import HiddenTest, Init, case
+from autograder.grading.judging.spec import HiddenTest, Init, case
 from autograder.hidden_tests._inputs import randn, random_mask
 from solutions import self_attention as ref
 

@@ -13,7 +13,7 @@ import math
 import torch
 from torch import nn
 
-from autograder.grading.spec import HiddenTest, Init, case, torch_layer
+from autograder.grading.judging.spec import HiddenTest, Init, case, torch_layer
 from autograder.hidden_tests import multi_head as _ch4
 from autograder.hidden_tests import positional_encoding as _ch5
 from autograder.hidden_tests import self_attention as _ch3

@@ -7,7 +7,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from autograder.grading.spec import Mistake
+from autograder.grading.judging.spec import Mistake
 from solutions import beyond_sequences as ref
 
 

@@ -7,7 +7,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from autograder.grading.spec import Mistake
+from autograder.grading.judging.spec import Mistake
 from autograder.known_mistakes._attention import wrong_attention
 from solutions import multi_head as ref
 

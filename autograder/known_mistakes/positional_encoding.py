@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from autograder.grading.spec import Mistake
+from autograder.grading.judging.spec import Mistake
 from solutions import positional_encoding as ref
 
 

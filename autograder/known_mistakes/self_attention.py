@@ -4,7 +4,7 @@ match it."""
 
 import torch
 
-from autograder.grading.spec import Mistake
+from autograder.grading.judging.spec import Mistake
 from autograder.known_mistakes._attention import wrong_attention
 from solutions import self_attention as ref
 

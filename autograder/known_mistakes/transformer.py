@@ -7,7 +7,7 @@ import math
 import torch
 from torch import nn
 
-from autograder.grading.spec import Mistake
+from autograder.grading.judging.spec import Mistake
 from autograder.hidden_tests.transformer import EXERCISE_0
 from autograder.known_mistakes import multi_head as _ch4
 from autograder.known_mistakes import positional_encoding as _ch5

@@ -4,7 +4,7 @@ Scores come from nbgrader's gradebook alone (a score per graded cell, that is pe
 test, as nbgrader computes it: a hand-entered score wins over the autograder's); what the
 grader knew beyond a score (the known mistake, the route a refusal refused, why a notebook
 was not graded, which limit it hit) comes from the course's tables in the same file
-(``autograder/grading/verdict_record.py``). Nothing here is estimated: every figure of
+(``autograder/grading/recording/verdict_record.py``). Nothing here is estimated: every figure of
 the report is a count or a sum of these rows.
 """
 
@@ -15,8 +15,8 @@ from collections import defaultdict
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from autograder.grading import verdict_record
-from autograder.grading.spec import load_chapter_tests
+from autograder.grading.judging.spec import load_chapter_tests
+from autograder.grading.recording import verdict_record
 from autograder.paths import chapter_page
 
 
@@ -128,8 +128,8 @@ def assignments_in(db: Path) -> list[str]:
     """The assignments that have submissions in the gradebook, in course order."""
     from nbgrader.api import Gradebook
 
+    from autograder.grading.judging.spec import graded_chapters
     from autograder.grading.nbgrader_bridge import COURSE_ID
-    from autograder.grading.spec import graded_chapters
 
     with Gradebook(f"sqlite:///{db}", COURSE_ID) as gb:
         used = {a.name for a in gb.assignments if a.num_submissions}
@@ -259,7 +259,7 @@ def _for_review(db: Path, name: str, graded: set[str]) -> list[dict]:
     provenance table; a gradebook from before flags has none)."""
     import json
 
-    from autograder.grading import provenance
+    from autograder.grading.recording import provenance
 
     found = []
     for student, row in sorted(provenance.recorded(db, name).items()):

@@ -19,7 +19,7 @@ c.Exchange.root = "/srv/nbgrader/exchange"
 # The course students fetch from and submit to when they give no --course.
 c.CourseDirectory.course_id = "attention-course"
 # Validate (the button students press, `nbgrader validate`): the course's settings, from
-# the copy of autograder/grading/validate_settings.py that setup.sh puts beside this file.
+# the copy of autograder/grading/recording/validate_settings.py that setup.sh puts beside this file.
 # It runs every cell and fails on an error: the visible checks after each exercise raise
 # on an untouched stub and on the mistakes they catch.
 VALIDATE = Path(__file__).with_name("attention_course_validate.py")

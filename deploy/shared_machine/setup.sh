@@ -62,7 +62,7 @@ install -d -m 1777 -o root -g root "$exchange"
 
 # 2. The system-wide nbgrader config, pointing at that exchange, and beside it a copy of
 #    the course's Validate settings, which it loads (students cannot read the clone).
-validate=$here/../../autograder/grading/validate_settings.py
+validate=$here/../../autograder/grading/recording/validate_settings.py
 [ -f "$validate" ] || die "no $validate: run me from the deploy/ folder of a course clone"
 [ -d "$config_dir" ] || install -d -m 0755 "$config_dir"
 install -m 0644 -o root -g root "$validate" "$config_dir/attention_course_validate.py"

@@ -8,10 +8,10 @@ from dataclasses import dataclass
 
 import torch
 
-from autograder.grading import probe
-from autograder.grading.guard import ATTENTION_FEATURES
-from autograder.grading.probe import CallPlan, Outcome, TestPlan
-from autograder.grading.spec import Case, ChapterTests, HiddenTest
+from autograder.grading.judging.spec import Case, ChapterTests, HiddenTest
+from autograder.grading.sealed import probe
+from autograder.grading.sealed.guard import ATTENTION_FEATURES
+from autograder.grading.sealed.probe import CallPlan, Outcome, TestPlan
 
 
 @dataclass

@@ -63,8 +63,8 @@ from pathlib import Path
 from jupyter_client.manager import AsyncKernelManager
 from jupyter_core.utils import run_sync
 
-from autograder.grading import guard
-from autograder.grading.limits import Limits
+from autograder.grading.running.limits import Limits
+from autograder.grading.sealed import guard
 from autograder.paths import REPO
 
 _HERE = Path(__file__).parent
@@ -269,7 +269,7 @@ class Sandbox:
                     f"The {guarded[-1][:500]}. Nothing was graded and no grade was "
                     "recorded: the hidden tests need PyTorch's attention switched off."
                 )
-            from autograder.grading.sandbox.diagnose import explain
+            from autograder.grading.running.sandbox.diagnose import explain
 
             raise SandboxUnavailable(
                 explain(why.splitlines()[-1] if why else "the zygote did not answer")

@@ -8,7 +8,7 @@ over exactly what decides an assignment's grades (:func:`digest_files`):
   levels, forbidden features);
 - its reference, ``solutions/<module>.py`` (the expected outputs, and the signatures);
 - its known mistakes, ``autograder/known_mistakes/<module>.py`` (what the feedback names);
-- the tolerances, ``autograder/grading/tolerances.py``;
+- the tolerances, ``autograder/grading/judging/tolerances.py``;
 - every module of ``solutions``, ``autograder.hidden_tests`` and
   ``autograder.known_mistakes`` that those import, transitively (``_inputs.py``, which
   draws the hidden inputs, for instance).
@@ -32,12 +32,12 @@ import sqlite3
 from datetime import UTC, datetime
 from pathlib import Path
 
-from autograder.grading.delegation import READING_CODE
+from autograder.grading.judging.delegation import READING_CODE
 from autograder.paths import REPO, course_version, module_name
 
 # Packages whose modules, when an included file imports them, are part of the digest.
 _PACKAGES = ("solutions", "autograder.hidden_tests", "autograder.known_mistakes")
-TOLERANCES = "autograder/grading/tolerances.py"
+TOLERANCES = "autograder/grading/judging/tolerances.py"
 TABLE = "autograder_provenance"  # in gradebook.db, beside nbgrader's tables
 
 

@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
-from autograder.grading.delegation import FEATURES
-from autograder.grading.probe import CallPlan
-from autograder.grading.tolerances import LEVELS
+from autograder.grading.judging.delegation import FEATURES
+from autograder.grading.judging.tolerances import LEVELS
+from autograder.grading.sealed.probe import CallPlan
 from autograder.paths import chapter_ids, module_name
 
 
@@ -96,7 +96,7 @@ def torch_layer(
 ) -> dict:
     """A PyTorch layer as plain data, built inside the sandbox for a call argument:
     ``torch_layer("MultiheadAttention", 8, 2, batch_first=True, state=mha.state_dict())``.
-    ``name`` must be one of ``autograder.grading.probe._TORCH_LAYERS``."""
+    ``name`` must be one of ``autograder.grading.sealed.probe._TORCH_LAYERS``."""
     return {
         "torch.nn": name,
         "args": list(args),
@@ -120,10 +120,10 @@ class HiddenTest:
     points: float
     description: str  # what passing means, shown to students with the test's name
     make_cases: Callable[[Any], list[Case]]  # torch.Generator -> cases
-    level: str = "op"  # a key of autograder.grading.tolerances.LEVELS
+    level: str = "op"  # a key of autograder.grading.judging.tolerances.LEVELS
     outputs: tuple[str, ...] = ()  # names of the returned values, for messages
     # PyTorch features the exercise reimplements: keys of
-    # autograder.grading.delegation.FEATURES. Attention ("sdpa", "mha",
+    # autograder.grading.judging.delegation.FEATURES. Attention ("sdpa", "mha",
     # "transformer_layer") is switched off while the test runs (grading/guard); any
     # other is a remark in the feedback, never a point.
     forbidden: tuple[str, ...] = ()

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from autograder.grading.probe import Outcome
+from autograder.grading.sealed.probe import Outcome
 
 MAX_CALLS = 64  # calls of one hidden test (the most any test makes is 8)
 MAX_ERROR = 400  # characters of an error message (the probe's own are at most 400)

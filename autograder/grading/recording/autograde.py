@@ -42,7 +42,7 @@ import zlib
 from contextlib import contextmanager
 from pathlib import Path
 
-from autograder.grading.limits import Limits
+from autograder.grading.running.limits import Limits
 from autograder.paths import COURSE_ROOT, env_with_repo_on_path
 
 
@@ -99,7 +99,7 @@ def plan(
     resubmitted since; ``force``: never); one with a result ``kept`` from a stopped run,
     when that result is the one recorded. Anyone else, a half record included, is
     recorded again."""
-    from autograder.grading import completion
+    from autograder.grading.recording import completion
 
     marks = completion.read(root / "gradebook.db", assignment)
     nbgrader_would = submissions(root, assignment, students, force)
@@ -131,7 +131,7 @@ def recorded_already(
     """``merge``: the results still to record, the students recorded from the very
     result given (a merge stopped and run again), and those of them whose feedback
     page is still to write."""
-    from autograder.grading import completion
+    from autograder.grading.recording import completion
 
     marks = completion.read(root / "gradebook.db", assignment)
     left, already, pages = [], [], []
@@ -213,7 +213,7 @@ def grade_class(
     from tqdm import tqdm
 
     from autograder.grading.grade import grade_many
-    from autograder.grading.stop_points import STOP_AT, stop_point
+    from autograder.grading.recording.stop_points import STOP_AT, stop_point
 
     students = list(notebooks)
     if not students:
@@ -262,9 +262,9 @@ def _annotate(
     fingerprint of the cells graded, the submitted file's sha256, the limits and an id."""
     import nbformat
 
-    from autograder.grading.completion import sha256
     from autograder.grading.grade import restored
-    from autograder.grading.student_code import grading_key
+    from autograder.grading.recording.completion import sha256
+    from autograder.grading.running.student_code import grading_key
 
     result["student"] = student
     try:
@@ -317,8 +317,8 @@ class Journal:
     ) -> dict[str, dict]:
         """The journal's verdicts that still hold for ``notebooks``: graded, for the same
         file (sha256), assignment digest, course version, limits and, with ``seed``, seed."""
-        from autograder.grading.completion import sha256
-        from autograder.grading.provenance import assignment_digest
+        from autograder.grading.recording.completion import sha256
+        from autograder.grading.recording.provenance import assignment_digest
         from autograder.paths import course_version
 
         found = self.load()
@@ -449,7 +449,7 @@ def _generate(root: Path, assignment: str, in_process: bool = False) -> int:
             f"--CourseDirectory.release_directory={release}",
         ]  # fmt: skip
         if in_process:  # run in the course root
-            from autograder.grading.nbgrader_steps import run_step
+            from autograder.grading.recording.nbgrader_steps import run_step
 
             return run_step(args)
         return _nbgrader(root, *args)
@@ -463,7 +463,7 @@ class Entering:
     def __init__(self, root: Path, assignment: str):
         self._log = tempfile.TemporaryFile("w+")
         self._process = subprocess.Popen(
-            [sys.executable, "-m", "autograder.grading.autograde", assignment],
+            [sys.executable, "-m", "autograder.grading.recording.autograde", assignment],
             cwd=root, env=env_with_repo_on_path(), text=True,
             stdout=self._log, stderr=subprocess.STDOUT,
             start_new_session=True,  # a stop lets it finish: never half entered
@@ -495,7 +495,7 @@ def record(
     ``pages`` (students recorded whose page a stop left unwritten). Returns the largest
     exit status; ``timings`` (if given) gets each step's seconds summed over the workers
     and the workers' wall time."""
-    from autograder.grading.completion import ensure
+    from autograder.grading.recording.completion import ensure
 
     _record_attempts_without_grade(root, assignment, results)
     graded = sorted({r["student"] for r in results if r["graded"]})
@@ -545,7 +545,7 @@ def record(
                     [
                         sys.executable,
                         "-m",
-                        "autograder.grading.nbgrader_steps",
+                        "autograder.grading.recording.nbgrader_steps",
                         "--timings",
                         str(Path(tmp) / f"timings-{k}.json"),
                         *args,
@@ -613,7 +613,7 @@ def _record_attempts_without_grade(
 ) -> None:
     """For the class report: the submissions not graded (a grader fault), and after
     nbgrader ran, those it could not process (``not_autograded``)."""
-    from autograder.grading import verdict_record as vr
+    from autograder.grading.recording import verdict_record as vr
 
     path = root / "gradebook.db"
     if not after_nbgrader:
@@ -647,7 +647,7 @@ def not_autograded(root: Path, assignment: str, results: list[dict]) -> list[str
 def previous_provenance(root: Path, assignment: str) -> dict[str, dict]:
     """What graded each student's recorded grade so far (the gradebook's provenance
     table): read before recording, for :func:`summary`."""
-    from autograder.grading.provenance import recorded
+    from autograder.grading.recording.provenance import recorded
 
     return recorded(root / "gradebook.db", assignment)
 
@@ -728,7 +728,7 @@ def summary(
     another digest than the one their recorded grade had (``previous``:
     ``previous_provenance``). Scores are the gradebook's (``recorded``:
     :func:`recorded_scores`, after the late penalty) where it has them."""
-    from autograder.grading.provenance import regraded, short
+    from autograder.grading.recording.provenance import regraded, short
 
     results = _as_recorded(results, recorded)
     graded = [r for r in results if r["graded"]]

@@ -62,7 +62,7 @@ def ensure(path: Path) -> None:
     """Create the table if the gradebook lacks it, entering the submissions recorded
     before it existed (an ``autograded/`` copy and a provenance row: what was taken as
     done then) as recorded."""
-    from autograder.grading.provenance import TABLE as PROVENANCE
+    from autograder.grading.recording.provenance import TABLE as PROVENANCE
 
     with _connect(path) as db:
         db.execute("BEGIN IMMEDIATE")

@@ -108,7 +108,7 @@ def with_course_head(html: str, cdn_mathjax: str) -> str:
         raise RuntimeError(
             f"the feedback page does not hold its template's MathJax block once "
             f"({first!r} ... {last!r}): nbgrader's or nbconvert's template changed; "
-            "see autograder/grading/feedback_page.py"
+            "see autograder/grading/recording/feedback_page.py"
         )
     start, end = html.index(first), html.index(last) + len(last)
     return html[:start] + course_head() + html[end:]

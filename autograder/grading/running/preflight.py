@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import nbformat
 
-from autograder.grading.execute import run_notebook
-from autograder.grading.judge import verdict
-from autograder.grading.limits import Limits
-from autograder.grading.prepare import prepare
-from autograder.grading.sandbox import SandboxUnavailable
-from autograder.grading.sandbox.diagnose import explain
-from autograder.grading.spec import load_chapter_tests
-from autograder.grading.student_code import StudentCode
+from autograder.grading.judging.judge import verdict
+from autograder.grading.judging.prepare import prepare
+from autograder.grading.judging.spec import load_chapter_tests
+from autograder.grading.running.execute import run_notebook
+from autograder.grading.running.limits import Limits
+from autograder.grading.running.sandbox import SandboxUnavailable
+from autograder.grading.running.sandbox.diagnose import explain
+from autograder.grading.running.student_code import StudentCode
 from autograder.paths import REPO
 
 # one test per phase of the sealed window: the second runs with PyTorch's attention

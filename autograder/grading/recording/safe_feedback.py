@@ -22,7 +22,7 @@ from jinja2 import pass_context
 from nbconvert.exporters import HTMLExporter
 from traitlets import default
 
-from autograder.grading.feedback_page import with_course_head
+from autograder.grading.recording.feedback_page import with_course_head
 
 TAGS = frozenset(
     {"p", "br", "hr", "div", "span", "blockquote", "pre", "code", "kbd", "samp"}

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import torch
 
-from autograder.grading import outcomes
-from autograder.grading.probe import RESULT_MAGIC
+from autograder.grading.judging import outcomes
+from autograder.grading.sealed.probe import RESULT_MAGIC
 
 # the bytes read, the tensors decoded from them, and the parsed header: each at most
 # the budget (a JSON header of n bytes holds fewer than n values)

@@ -277,7 +277,7 @@ def remarks(
     """A remark for the feedback when ``exercise``'s code calls a feature it is asked to
     write that is not attention (the guard covers attention); empty otherwise. Never a
     point: a name read in the code may be dead or a comparison."""
-    from autograder.grading.guard import ATTENTION_FEATURES
+    from autograder.grading.sealed.guard import ATTENTION_FEATURES
 
     others = tuple(f for f in forbidden if f not in ATTENTION_FEATURES)
     if not others:
@@ -454,7 +454,7 @@ def flags(
     point, only a list for review. ``exercises``: each exercise with the features it
     forbids; one whose call path names PyTorch's attention is flagged too (a dead first
     try is flagged as well: only a person can tell)."""
-    from autograder.grading.guard import ATTENTION_FEATURES
+    from autograder.grading.sealed.guard import ATTENTION_FEATURES
 
     with READING_CODE:
         found = constructs(sources) + similarity(sources)

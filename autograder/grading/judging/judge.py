@@ -15,12 +15,13 @@ from dataclasses import dataclass
 
 import torch
 
-from autograder.grading import delegation, guard, outcomes, probe
-from autograder.grading.prepare import PreparedTest
-from autograder.grading.probe import Outcome
-from autograder.grading.spec import ChapterTests, HiddenTest, Mistake
-from autograder.grading.student_code import StudentCode
-from autograder.grading.tolerances import LEVELS, Tolerance
+from autograder.grading.judging import delegation, outcomes
+from autograder.grading.judging.prepare import PreparedTest
+from autograder.grading.judging.spec import ChapterTests, HiddenTest, Mistake
+from autograder.grading.judging.tolerances import LEVELS, Tolerance
+from autograder.grading.running.student_code import StudentCode
+from autograder.grading.sealed import guard, probe
+from autograder.grading.sealed.probe import Outcome
 from autograder.paths import chapter_page, load_course_utils
 
 course_utils = load_course_utils()  # the same comparison the visible checks use

@@ -1,7 +1,7 @@
 """nbgrader's own commands, one after another in one process, each exactly as ``nbgrader
 CMD ...`` runs it::
 
-    python -m autograder.grading.nbgrader_steps [--timings FILE] CMD ARGS... [--then CMD ARGS...]
+    python -m autograder.grading.recording.nbgrader_steps [--timings FILE] CMD ARGS... [--then CMD ARGS...]
 
 Run in the course root (nbgrader reads its ``nbgrader_config.py`` there). ``python -m
 autograder autograde`` starts one per worker: ``autograde`` over the worker's part of the
@@ -82,7 +82,7 @@ def _arm_stop_points() -> None:
     student's autograded notebook or feedback page."""
     from nbgrader.converters import Autograde, GenerateFeedback
 
-    from autograder.grading.stop_points import armed, half_written
+    from autograder.grading.recording.stop_points import armed, half_written
 
     def wrap(cls, point: str, when=lambda self: True):
         write = cls.write_single_notebook
@@ -103,7 +103,7 @@ def _arm_stop_points() -> None:
 
 
 def main(argv: list[str]) -> int:
-    from autograder.grading.stop_points import STOP_AT
+    from autograder.grading.recording.stop_points import STOP_AT
 
     timings_file = None
     if argv[:1] == ["--timings"]:

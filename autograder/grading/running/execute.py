@@ -17,12 +17,12 @@ import nbformat
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionComplete, DeadKernelError
 
-from autograder.grading import guard, probe, result_reader
-from autograder.grading.limits import Limits
-from autograder.grading.prepare import PreparedTest
-from autograder.grading.sandbox import kill_kernel
-from autograder.grading.student_code import is_test_cell
-from autograder.grading.window import SealedWindow
+from autograder.grading.judging.prepare import PreparedTest
+from autograder.grading.running.limits import Limits
+from autograder.grading.running.sandbox import kill_kernel
+from autograder.grading.running.student_code import is_test_cell
+from autograder.grading.sealed import guard, probe, result_reader
+from autograder.grading.sealed.window import SealedWindow
 
 
 class QuietClient(NotebookClient):

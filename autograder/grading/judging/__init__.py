@@ -1,0 +1,1 @@
+"""Where a submission is judged, in the grader's own process: the hidden tests' spec, their inputs drawn at grading time (prepare.py), the verdicts (judge.py), and what reading the code may add (delegation.py: flags and remarks, never a point)."""

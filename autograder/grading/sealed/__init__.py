@@ -1,0 +1,1 @@
+"""Where a submission's hidden tests run: the sealed child of its kernel (probe.py, sent into the kernel), the window the grader opens around it (window.py), the attention guard (guard/) and the reader of what the child writes (result_reader.py)."""
