@@ -53,17 +53,22 @@ def load_course_utils():
     return module
 
 
-def put_tools_on_path() -> None:
-    """Put the running interpreter's scripts folder first on this process's PATH.
+def path_with_tools() -> str:
+    """This process's PATH with the running interpreter's scripts folder first.
 
-    nbgrader runs its own tools by name (``alembic`` when it makes a gradebook), and
-    ``jupyter-book`` sits beside the interpreter too: an environment that was never
-    activated (an IDE, cron, a service) has them beside ``sys.executable`` but not on
-    PATH. Every subprocess the course starts inherits this."""
+    nbgrader runs its own tools by name (``alembic`` when it makes a gradebook), PyTorch's
+    extension builder runs ``ninja``, and ``jupyter-book`` sits beside the interpreter
+    too: an environment that was never activated (an IDE, cron, a service) has them beside
+    ``sys.executable`` but not on PATH."""
     scripts = [str(Path(sys.executable).parent), sysconfig.get_path("scripts")]
     current = [p for p in os.environ.get("PATH", "").split(os.pathsep) if p]
     ahead = [p for p in dict.fromkeys(scripts) if p not in current[: len(scripts)]]
-    os.environ["PATH"] = os.pathsep.join([*ahead, *current])
+    return os.pathsep.join([*ahead, *current])
+
+
+def put_tools_on_path() -> None:
+    """``path_with_tools`` for this process: every subprocess it starts inherits it."""
+    os.environ["PATH"] = path_with_tools()
 
 
 def env_with_repo_on_path() -> dict[str, str]:

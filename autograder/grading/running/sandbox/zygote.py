@@ -664,7 +664,7 @@ def _kill(pid, sig):
 
 
 def load_guard(path):
-    """The attention guard (``grading/guard``), loaded before any student code so that
+    """The attention guard (``grading/sealed/guard``), loaded before any student code so that
     every kernel forked from here maps it: it captures PyTorch's attention kernels and
     registers over them, for good. A zygote without it serves no kernel."""
     import torch

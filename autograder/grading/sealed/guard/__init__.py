@@ -22,6 +22,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from autograder import paths
+
 _HERE = Path(__file__).parent
 SOURCE = _HERE / "guard.cpp"
 NAME = "attention_guard"
@@ -102,6 +104,7 @@ def ensure(timeout: float = 900.0) -> Path:
                 capture_output=True,
                 text=True,
                 timeout=timeout,
+                env={**os.environ, "PATH": paths.path_with_tools()},  # pip's ninja
             )
             if done.returncode != 0 or not path.exists():
                 tail = (done.stderr or done.stdout).strip().splitlines()[-5:]
