@@ -4,7 +4,7 @@ say about them: never a point.
 A hidden test names the features its exercise reimplements (``HiddenTest.forbidden``).
 For PyTorch's attention ("sdpa", "mha", "transformer_layer") nothing here decides
 anything: those tests run with PyTorch's attention kernels switched off
-(``grading/guard``), and a call fails the test with the guard's message. Reading the code
+(``grading/sealed/guard``), and a call fails the test with the guard's message. Reading the code
 may only
 
 - add a remark to a test's feedback (:func:`remarks`) where an exercise's code calls a

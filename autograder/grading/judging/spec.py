@@ -124,7 +124,7 @@ class HiddenTest:
     outputs: tuple[str, ...] = ()  # names of the returned values, for messages
     # PyTorch features the exercise reimplements: keys of
     # autograder.grading.judging.delegation.FEATURES. Attention ("sdpa", "mha",
-    # "transformer_layer") is switched off while the test runs (grading/guard); any
+    # "transformer_layer") is switched off while the test runs (grading/sealed/guard); any
     # other is a remark in the feedback, never a point.
     forbidden: tuple[str, ...] = ()
     # For a module exercise whose answer is a discrete choice (an argmax): True when the

@@ -7,7 +7,7 @@ records. A :class:`TestPlan` (one hidden test) holds the :class:`CallPlan` of ea
 calls; an outcome is, per call, either ``{"value": ...}`` with tensors, numbers, strings,
 lists and dicts only, or ``{"error": "..."}``. Nothing here watches what the student's
 code calls: the tests that forbid PyTorch's attention run where it does not compute
-(``grading/guard``), so there is nothing to watch and no report to forge.
+(``grading/sealed/guard``), so there is nothing to watch and no report to forge.
 """
 
 import copy

@@ -12,7 +12,7 @@ grader then:
    subprocess, a hook in the kernel) can read the plans or talk to the child;
 3. writes the plans of the tests that allow PyTorch's attention into the kernel's folder;
    the child reads them, runs each test and writes one result file per test;
-4. waits until the child has armed the attention guard (``grading/guard``): two seccomp
+4. waits until the child has armed the attention guard (``grading/sealed/guard``): two seccomp
    filters more than the kernel, and the guard's library mapped, as /proc shows from
    outside; only then writes the plans of the tests that forbid PyTorch's attention. The
    child proves first that the guard refuses (``probe.PROOF``); if it never arms, or the
