@@ -197,7 +197,7 @@ def test_a_changed_hidden_test_without_an_entry_fails_the_check(tmp_path):
 
 def test_a_changed_tolerance_changes_every_assignment(tmp_path):
     copy = _course_copy(tmp_path)
-    tolerances = copy / "autograder" / "grading" / "tolerances.py"
+    tolerances = copy / "autograder" / "grading" / "judging" / "tolerances.py"
     tolerances.write_text(tolerances.read_text().replace("rtol=1e-5", "rtol=2e-5"))
     assert len(release.problems(copy)) == len(graded_chapters())
     _unreleased(copy, "### All assignments\n\n#### Grade-changing\n\n- Looser `op`.\n")

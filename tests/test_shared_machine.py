@@ -214,7 +214,9 @@ def test_setup_makes_a_sticky_exchange_and_private_homes(term):
     assert f'c.Exchange.root = "{term.exchange}"' in config
     # Validate's settings: a copy of the course's own, which the config loads
     installed = term.users.config_dir / "attention_course_validate.py"
-    course = paths.REPO / "autograder" / "grading" / "validate_settings.py"
+    course = (
+        paths.REPO / "autograder" / "grading" / "recording" / "validate_settings.py"
+    )
     assert installed.read_bytes() == course.read_bytes()
 
 

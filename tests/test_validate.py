@@ -17,7 +17,7 @@ from autograder import paths
 from tests.notebooks import release_notebook, student_notebook, write
 
 pytestmark = pytest.mark.slow
-SETTINGS = paths.REPO / "autograder" / "grading" / "validate_settings.py"
+SETTINGS = paths.REPO / "autograder" / "grading" / "recording" / "validate_settings.py"
 PASSED = "Success! Your notebook passes all the tests."
 FAILED = "VALIDATION FAILED ON"
 # Mistakes each chapter's visible checks catch: (exercise, find, replace in its answer)

@@ -241,14 +241,15 @@ def encode_result(outcomes) -> bytes:
 
 
 _SEALED_SYSCALLS = {
-    # (audit arch, {syscall: number}): no thread, process, exec, ptrace or signal
+    # (audit arch, {syscall: number}): no thread, process, exec, ptrace or signal, and no
+    # anonymous file to load code from (memfd_create)
     "x86_64": (
         0xC000003E,
         dict(
             clone=56, fork=57, vfork=58, execve=59, kill=62, ptrace=101,
             rt_sigqueueinfo=129, tkill=200, tgkill=234, rt_tgsigqueueinfo=297,
-            process_vm_readv=310, process_vm_writev=311, execveat=322,
-            pidfd_send_signal=424, clone3=435, pidfd_getfd=438,
+            process_vm_readv=310, process_vm_writev=311, memfd_create=319,
+            execveat=322, pidfd_send_signal=424, clone3=435, pidfd_getfd=438,
         ),
     ),
     "aarch64": (
@@ -256,11 +257,17 @@ _SEALED_SYSCALLS = {
         dict(
             kill=129, tkill=130, tgkill=131, rt_sigqueueinfo=138, ptrace=117,
             clone=220, execve=221, rt_tgsigqueueinfo=240, process_vm_readv=270,
-            process_vm_writev=271, execveat=281, pidfd_send_signal=424,
-            clone3=435, pidfd_getfd=438,
+            process_vm_writev=271, memfd_create=279, execveat=281,
+            pidfd_send_signal=424, clone3=435, pidfd_getfd=438,
         ),
     ),
 }  # fmt: skip
+# Calls that may not make memory executable once sealed (their third argument, the
+# protection, may not hold PROT_EXEC): no new machine code in the tests' process.
+_NO_EXEC_MAPPING = {
+    "x86_64": dict(mmap=9, mprotect=10, pkey_mprotect=329),
+    "aarch64": dict(mmap=222, mprotect=226, pkey_mprotect=288),
+}
 
 
 def seal():
@@ -274,7 +281,7 @@ def seal():
     if machine not in _SEALED_SYSCALLS:
         raise OSError(f"no seccomp filter for {machine}")
     arch, numbers = _SEALED_SYSCALLS[machine]
-    load, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06
+    load, jeq, jge, jset, ret = 0x20, 0x15, 0x35, 0x45, 0x06
     allow, kill = 0x7FFF0000, 0x80000000
     denied = 0x00050000 | 1  # SECCOMP_RET_ERRNO | EPERM
     program = [(load, 0, 0, 4), (jeq, 1, 0, arch), (ret, 0, 0, kill), (load, 0, 0, 0)]
@@ -283,6 +290,15 @@ def seal():
         program.append((ret, 0, 0, denied))
     for number in sorted(numbers.values()):
         program += [(jeq, 0, 1, number), (ret, 0, 0, denied)]
+    prot_exec, third_argument = 0x4, 32  # offset of args[2]'s low word in seccomp_data
+    for number in sorted(_NO_EXEC_MAPPING[machine].values()):
+        program += [
+            (jeq, 0, 4, number),  # another call: skip this check
+            (load, 0, 0, third_argument),
+            (jset, 0, 1, prot_exec),
+            (ret, 0, 0, denied),
+            (load, 0, 0, 0),  # the call's number again, for the next check
+        ]
     program.append((ret, 0, 0, allow))
     raw = b"".join(struct.pack("HBBI", *step) for step in program)
     filters = ctypes.create_string_buffer(raw)
