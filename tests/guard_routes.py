@@ -13,8 +13,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, sys.argv[1])
-from autograder.grading import probe  # noqa: E402
-from autograder.grading.sealed import guard
+from autograder.grading.sealed import guard, probe  # noqa: E402
 
 torch.ops.load_library(str(guard.library_path()))
 torch.manual_seed(0)
