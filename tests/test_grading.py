@@ -200,18 +200,24 @@ def test_kernel_death_gives_zero_and_says_why(batch):
     assert "kernel died" in result["message"]
 
 
-def test_kernel_death_inside_a_test_keeps_earlier_tests(batch):
+def test_kernel_death_inside_a_test_costs_only_the_tests_it_did_not_finish(batch):
+    # The death comes in a test of causal_mask, which runs in the first phase (it allows
+    # PyTorch's attention); the tests that forbid it were to run after the guard is armed,
+    # so they were not reached: they fail with the reason, and the student's doing is no
+    # grader fault (the notebook is graded).
     result = batch["os_exit_in_function"]
+    assert result["graded"], result["message"]
     scores = scores_by_test(result)
-    assert (
-        scores["sdpa_basic"]
-        == scores["sdpa_masked"]
-        == scores["sdpa_edge_cases"]
-        == 2.0
-    )
     assert scores["causal_mask_values"] == 0.0
-    later = next(t for t in result["tests"] if t["id"] == "self_attention_module")
-    assert "kernel died while the hidden tests called your code" in later["message"]
+    for test_id in (
+        "sdpa_basic",
+        "sdpa_masked",
+        "sdpa_edge_cases",
+        "self_attention_module",
+    ):
+        later = next(t for t in result["tests"] if t["id"] == test_id)
+        assert later["score"] == 0.0
+        assert "kernel died while the hidden tests called your code" in later["message"]
 
 
 def test_memory_exhaustion_is_an_error_and_the_rest_is_graded(batch):

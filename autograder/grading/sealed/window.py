@@ -298,7 +298,11 @@ class SealedWindow(threading.Thread):
             last = None
             if second["tests"]:
                 limit = self.seconds * len(first["tests"]) + 10
-                if not self._armed(child, fd, limit):
+                armed = self._armed(child, fd, limit)
+                if armed is None:  # the student's code ended it in the first phase
+                    self.ended_early = True
+                    return
+                if not armed:
                     self.fault = self.fault or self._unarmed_why(child)
                     signal.pidfd_send_signal(fd, signal.SIGKILL)
                     return
@@ -327,17 +331,19 @@ class SealedWindow(threading.Thread):
         finally:
             os.close(fd)
 
-    def _armed(self, child: int, fd: int, limit: float) -> bool:
+    def _armed(self, child: int, fd: int, limit: float) -> bool | None:
         """Wait (at most ``limit`` seconds) until the child, seen from outside, has armed
-        the guard: two seccomp filters more than the kernel, the guard mapped. False if
-        it exits or runs out of time first."""
+        the guard: two seccomp filters more than the kernel, the guard mapped. None if it
+        exits first without having said why it could not arm (the student's code ended
+        it: ``os._exit`` in a first-phase test, say, which costs the tests left and is no
+        grader fault); False if it runs out of time or says it could not arm."""
         deadline = time.monotonic() + limit
         waiting = select.poll()
         waiting.register(fd, select.POLLIN)
         while time.monotonic() < deadline:
             status = _status(child)
-            if not status or waiting.poll(0):
-                return False  # it has exited
+            if not status or waiting.poll(0):  # it has exited
+                return False if (self.folder / probe.UNARMED).exists() else None
             mode, filters = _filters(status)
             if (
                 mode == 2
