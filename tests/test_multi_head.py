@@ -357,11 +357,19 @@ def _attention_einsum_float64(q, k, v, mask=None):
     return torch.einsum("...ij,...jd->...id", weights, v.double()), weights
 
 
+def _divisible(x, num_heads):
+    """The docstring's contract, which an independent answer states first."""
+    if x.size(-1) % num_heads:
+        raise ValueError(f"{x.size(-1)} features do not split into {num_heads} heads")
+
+
 def _split_by_stacking_chunks(x, num_heads):
+    _divisible(x, num_heads)
     return torch.stack(x.chunk(num_heads, dim=-1), dim=1)
 
 
 def _split_by_unflatten(x, num_heads):
+    _divisible(x, num_heads)
     return x.unflatten(-1, (num_heads, -1)).permute(0, 2, 1, 3).contiguous()
 
 

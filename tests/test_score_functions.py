@@ -435,11 +435,19 @@ def _additive_einsum(query, keys, W_q, W_k, v):
     return torch.einsum("a,bna->bn", v, torch.tanh(q_part[:, None] + k_part))
 
 
+def _in_range(W_a, n):
+    """The docstring's contract, which an independent answer states first."""
+    if not 1 <= n <= W_a.size(0):
+        raise ValueError(f"n = {n} is outside 1 .. n_max = {W_a.size(0)}")
+
+
 def _location_einsum(query, W_a, n):
+    _in_range(W_a, n)
     return torch.einsum("jq,bq->bj", W_a[:n], query)
 
 
 def _location_linear(query, W_a, n):
+    _in_range(W_a, n)
     return F.linear(query, W_a)[:, :n]
 
 
