@@ -299,10 +299,16 @@ class SealedWindow(threading.Thread):
             if second["tests"]:
                 limit = self.seconds * len(first["tests"]) + 10
                 armed = self._armed(child, fd, limit)
-                if armed is None:  # the student's code ended it in the first phase
+                done_first = (
+                    not first["tests"]
+                    or (self.folder / probe.result_name(first["indices"][-1])).exists()
+                )
+                if armed is None and not done_first:
+                    # it ended inside a first-phase test: the student's code (os._exit,
+                    # a crash) costs the tests left, as anywhere in the window
                     self.ended_early = True
                     return
-                if not armed:
+                if not armed:  # ended or stalled between the phases, where it arms
                     self.fault = self.fault or self._unarmed_why(child)
                     signal.pidfd_send_signal(fd, signal.SIGKILL)
                     return
@@ -334,9 +340,9 @@ class SealedWindow(threading.Thread):
     def _armed(self, child: int, fd: int, limit: float) -> bool | None:
         """Wait (at most ``limit`` seconds) until the child, seen from outside, has armed
         the guard: two seccomp filters more than the kernel, the guard mapped. None if it
-        exits first without having said why it could not arm (the student's code ended
-        it: ``os._exit`` in a first-phase test, say, which costs the tests left and is no
-        grader fault); False if it runs out of time or says it could not arm."""
+        exits first without having said why it could not arm (``_hand_over`` tells a
+        death inside a first-phase test, the student's doing, from one where it arms);
+        False if it runs out of time or says it could not arm."""
         deadline = time.monotonic() + limit
         waiting = select.poll()
         waiting.register(fd, select.POLLIN)
