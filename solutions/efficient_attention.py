@@ -232,3 +232,90 @@ def kv_cache_step(
     mask = torch.arange(total, device=q_t.device)[None, :] <= position  # (s, t + s)
     out = grouped_query_attention(q_t, keys, values, mask)  # (B, h, s, d_v)
     return out, (keys, values)
+
+
+class FlashAttentionFunction(torch.autograd.Function):
+    """FlashAttention-2 with its own backward pass (Dao 2023, Algorithms 1 and 2).
+
+    The forward saves q, k, v, the output and one number per query row, the log-sum-exp
+    L = m + log(l); the backward recomputes each tile's probabilities as exp(s - L).
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal=False, block_size=64):
+        n_q, n_k, b = q.size(-2), k.size(-2), block_size
+        scale = 1.0 / math.sqrt(q.size(-1))
+        out = q.new_empty((*q.shape[:-1], v.size(-1)))  # (..., n_q, d_v)
+        lse = q.new_empty(q.shape[:-1])  # (..., n_q): L, one number per query row
+        # one query tile at a time (on a GPU: one program each)
+        for qs in range(0, n_q, b):
+            qe = min(qs + b, n_q)
+            q_tile = q[..., qs:qe, :] * scale  # (..., b_q, d)
+            m = q.new_full((*q_tile.shape[:-1], 1), float("-inf"))  # running max
+            denom = q.new_zeros((*q_tile.shape[:-1], 1))  # running sum, relative to m
+            acc = q.new_zeros((*q_tile.shape[:-1], v.size(-1)))  # (..., b_q, d_v)
+            # causal: key tiles that start after this tile's last query are skipped
+            stop = min(n_k, qe) if causal else n_k
+            for ks in range(0, stop, b):
+                ke = min(ks + b, n_k)
+                s = q_tile @ k[..., ks:ke, :].transpose(-2, -1)  # (..., b_q, b_k)
+                if causal and ks == qs:  # the diagonal tile: hide keys j > i
+                    i = torch.arange(qs, qe, device=q.device)[:, None]
+                    j = torch.arange(ks, ke, device=q.device)[None, :]
+                    s = s.masked_fill(j > i, float("-inf"))
+                m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))
+                p = torch.exp(s - m_new)  # (..., b_q, b_k)
+                alpha = torch.exp(m - m_new)  # rescales the sums under the old max
+                denom = alpha * denom + p.sum(dim=-1, keepdim=True)
+                acc = alpha * acc + p @ v[..., ks:ke, :]
+                m = m_new
+            out[..., qs:qe, :] = acc / denom
+            lse[..., qs:qe] = (m + torch.log(denom)).squeeze(-1)  # L = m + log(l)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.causal, ctx.block_size = causal, block_size
+        return out
+
+    @staticmethod
+    def backward(ctx, d_out):
+        q, k, v, out, lse = ctx.saved_tensors
+        causal, b = ctx.causal, ctx.block_size
+        n_q, n_k = q.size(-2), k.size(-2)
+        scale = 1.0 / math.sqrt(q.size(-1))
+        # D_i = rowsum(dO_i * O_i) = sum_j P_ij dP_ij: the softmax's gradient needs it per row
+        big_d = (d_out * out).sum(dim=-1)  # (..., n_q)
+        dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        for ks in range(0, n_k, b):  # one key tile at a time, its dK and dV kept local
+            ke = min(ks + b, n_k)
+            k_tile = k[..., ks:ke, :]  # (..., b_k, d)
+            v_tile = v[..., ks:ke, :]  # (..., b_k, d_v)
+            dk_tile, dv_tile = torch.zeros_like(k_tile), torch.zeros_like(v_tile)
+            # causal: query tiles that end before this tile's first key see none of it
+            for qs in range(ks if causal else 0, n_q, b):
+                qe = min(qs + b, n_q)
+                q_tile, do_tile = q[..., qs:qe, :], d_out[..., qs:qe, :]
+                s = q_tile @ k_tile.transpose(-2, -1) * scale  # (..., b_q, b_k)
+                # the tile's weights, recomputed from L: exp(s - L) is already normalised
+                p = torch.exp(s - lse[..., qs:qe, None])  # (..., b_q, b_k)
+                if causal and qs == ks:  # the diagonal tile: keys j > i got no weight
+                    i = torch.arange(qs, qe, device=q.device)[:, None]
+                    j = torch.arange(ks, ke, device=q.device)[None, :]
+                    p = p.masked_fill(j > i, 0.0)
+                dv_tile += p.transpose(-2, -1) @ do_tile  # (..., b_k, d_v)
+                dp = do_tile @ v_tile.transpose(-2, -1)  # (..., b_q, b_k)
+                ds = p * (dp - big_d[..., qs:qe, None])  # the softmax's gradient
+                dq[..., qs:qe, :] += ds @ k_tile * scale
+                dk_tile += ds.transpose(-2, -1) @ q_tile * scale
+            dk[..., ks:ke, :] = dk_tile
+            dv[..., ks:ke, :] = dv_tile
+        return dq, dk, dv, None, None  # no gradients for causal and block_size
+
+
+def flash_attention_autograd(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    causal: bool = False,
+    block_size: int = 64,
+) -> torch.Tensor:
+    """Exact softmax attention whose backward pass recomputes its tiles (FlashAttention-2)."""
+    return FlashAttentionFunction.apply(q, k, v, causal, block_size)

@@ -56,6 +56,65 @@ def test_chunked_and_flash_equal_sdpa(batch, n_q, n_k, d, d_v, scale, block):
     )
 
 
+def _with_grads(attend, q, k, v, d_out):
+    q, k, v = (x.detach().clone().requires_grad_() for x in (q, k, v))
+    out = attend(q, k, v)
+    return (out, *torch.autograd.grad(out, (q, k, v), d_out))
+
+
+@pytest.mark.parametrize(
+    "batch, n_q, n_k, d, d_v, scale, block",
+    [
+        ((), 7, 7, 4, 4, 1.0, 1),
+        ((3,), 10, 13, 8, 5, 1.0, 4),
+        ((2,), 13, 6, 8, 8, 1.0, 3),
+        ((2, 2), 33, 33, 16, 16, 1.0, 64),
+        ((2,), 12, 12, 16, 16, 10.0, 5),  # very large logits
+    ],
+)
+@pytest.mark.parametrize("causal", [False, True])
+def test_flash_attention_function_gradients_equal_autograd(
+    batch, n_q, n_k, d, d_v, scale, block, causal
+):
+    """FlashAttentionFunction's hand-written backward equals autograd through SDPA, in
+    float64 (so that the comparison is tight), with the top-left causal mask."""
+    g = torch.Generator().manual_seed(n_q * 100 + n_k)
+    q, k = (
+        torch.randn(*batch, n, d, generator=g, dtype=torch.float64) * scale
+        for n in (n_q, n_k)
+    )
+    v = torch.randn(*batch, n_k, d_v, generator=g, dtype=torch.float64)
+    d_out = torch.randn(*batch, n_q, d_v, generator=g, dtype=torch.float64)
+    mask = torch.ones(n_q, n_k, dtype=torch.bool).tril() if causal else None
+    got = _with_grads(
+        lambda q, k, v: ea.flash_attention_autograd(q, k, v, causal, block),
+        q,
+        k,
+        v,
+        d_out,
+    )
+    expected = _with_grads(
+        lambda q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=mask),
+        q,
+        k,
+        v,
+        d_out,
+    )
+    for name, a, b in zip(("out", "dq", "dk", "dv"), got, expected, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9, msg=name)
+
+
+def test_flash_attention_function_saves_only_inputs_output_and_lse():
+    q, k, v = _qkv(2, n_q=9, n_k=12, d=8, d_v=5)
+    q.requires_grad_()
+    out = ea.flash_attention_autograd(q, k, v, block_size=4)
+    saved = out.grad_fn.saved_tensors
+    assert [t.shape for t in saved] == [q.shape, k.shape, v.shape, out.shape, (2, 9)]
+    torch.testing.assert_close(
+        saved[4], torch.logsumexp(q @ k.transpose(-2, -1) / math.sqrt(8), dim=-1)
+    )
+
+
 def test_flash_attention_keeps_dtype_and_device():
     q, k, v = _qkv(2, n_q=9, n_k=9)
     out = ea.flash_attention(q.double(), k.double(), v.double(), 4, causal=True)
@@ -266,6 +325,27 @@ def test_exact_and_local_attention_need_memory_linear_in_n(peak_memory, one_thre
     assert peak_memory(ea.flash_attention, *half, block_size=64) < flash / 1.8
 
 
+def test_flash_backward_needs_memory_linear_in_n(peak_memory, one_thread):
+    """Chapter 8's claim, measured: the backward pass of FlashAttentionFunction holds a few
+    tiles, not the (n, n) weights, and its peak doubles when n doubles."""
+
+    def backward_peak(attend, n, causal=False):
+        q, k, v = (torch.randn(1, 1, n, 32, requires_grad=True) for _ in range(3))
+        out = attend(q, k, v, causal)
+        return peak_memory(
+            torch.autograd.grad, out, (q, k, v), torch.randn(1, 1, n, 32)
+        )
+
+    def naive(q, k, v, causal):
+        return torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(32), -1) @ v
+
+    flash = backward_peak(ea.flash_attention_autograd, 2048)
+    assert flash < backward_peak(naive, 2048) / 10
+    assert backward_peak(ea.flash_attention_autograd, 2048, causal=True) < 1.1 * flash
+    # linear in n, plus a few tiles whatever n is
+    assert 1.6 < flash / backward_peak(ea.flash_attention_autograd, 1024) < 2.2
+
+
 def test_grouped_query_attention_does_not_copy_the_keys(peak_memory):
     q, k, v = (
         torch.randn(1, 8, 1, 64),
@@ -464,7 +544,95 @@ def _kv_no_cache(q_t, k_t, v_t, cache=None):
     return out, (k_t, v_t)
 
 
+def _top_left(n_q, n_k):
+    return torch.ones(n_q, n_k, dtype=torch.bool).tril()
+
+
+def _flash_autograd_detached(q, k, v, causal=False, block_size=64):
+    """Right numbers, but no gradient flows: the output is detached."""
+    return ea.flash_attention(q, k, v, block_size, causal).detach()
+
+
+def _flash_autograd_bottom_right(q, k, v, causal=False, block_size=64):
+    """Causal mask aligned bottom-right (the key-value cache's), not top-left."""
+    mask = None
+    if causal:
+        mask = torch.ones(q.size(-2), k.size(-2), dtype=torch.bool).tril(
+            k.size(-2) - q.size(-2)
+        )
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.softmax(scores, -1) @ v
+
+
+class _NoKeyGradient(torch.autograd.Function):
+    """The forward through naive attention, and a backward that forgets dK."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal):
+        scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+        if causal:
+            scores = scores.masked_fill(
+                ~_top_left(q.size(-2), k.size(-2)), float("-inf")
+            )
+        a = torch.softmax(scores, -1)
+        ctx.save_for_backward(k, v, a)
+        return a @ v
+
+    @staticmethod
+    def backward(ctx, d_out):
+        k, v, a = ctx.saved_tensors
+        ds = a * (d_out @ v.transpose(-2, -1) - (d_out * (a @ v)).sum(-1, keepdim=True))
+        dq = ds @ k / math.sqrt(k.size(-1))
+        return dq, torch.zeros_like(k), a.transpose(-2, -1) @ d_out, None
+
+
+def _flash_autograd_no_key_gradient(q, k, v, causal=False, block_size=64):
+    return _NoKeyGradient.apply(q, k, v, causal)
+
+
+class _DetachedFunction(torch.autograd.Function):
+    """Right outputs, but a backward that returns no gradient at all."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal=False, block_size=64):
+        return ea.flash_attention(q, k, v, block_size, causal)
+
+    @staticmethod
+    def backward(ctx, d_out):
+        return None, None, None, None, None
+
+
+class _NoKeyGradientFunction(torch.autograd.Function):
+    """FlashAttentionFunction's signature around _NoKeyGradient."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal=False, block_size=64):
+        ctx.save_for_backward(q, k, v)
+        ctx.causal = causal
+        return ea.flash_attention(q, k, v, block_size, causal)
+
+    @staticmethod
+    def backward(ctx, d_out):
+        q, k, v = ctx.saved_tensors
+        with torch.enable_grad():
+            q, k, v = (x.detach().requires_grad_() for x in (q, k, v))
+            out = _NoKeyGradient.apply(q, k, v, ctx.causal)
+            dq, dk, dv = torch.autograd.grad(out, (q, k, v), d_out)
+        return dq, dk, dv, None, None
+
+
 INDEPENDENT_WRONG_ANSWERS = {
+    "flash_attention_autograd": {
+        _flash_autograd_detached: ["ea_flash_autograd"],
+        _flash_autograd_bottom_right: ["ea_flash_autograd"],
+        _flash_autograd_no_key_gradient: ["ea_flash_autograd"],
+    },
+    "FlashAttentionFunction": {
+        _DetachedFunction: ["ea_flash_grad", "ea_flash_grad_causal"],
+        _NoKeyGradientFunction: ["ea_flash_grad", "ea_flash_grad_causal"],
+    },
     "chunked_attention": {
         _chunked_block_diagonal: ["ea_chunked"],
         _chunked_with_weights: ["ea_chunked"],
@@ -657,7 +825,68 @@ def _kv_by_recomputation(q_t, k_t, v_t, cache=None):
     return _gqa_repeat_interleave(q_t, k_t, v_t, mask), [k_t, v_t]
 
 
+class _QueryOuterFlash(torch.autograd.Function):
+    """Written from the chapter's text with the loops the other way round: query tiles
+    outside in the backward pass too, dK and dV summed across them; float64 inside."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, causal, b):
+        scale = q.size(-1) ** -0.5
+        outs, lses = [], []
+        for qs in range(0, q.size(-2), b):
+            qt = q[..., qs : qs + b, :].double() * scale
+            rows = torch.arange(qs, qs + qt.size(-2))[:, None]
+            m = torch.full((*qt.shape[:-1], 1), -1e300, dtype=torch.float64)
+            total = torch.zeros_like(m)
+            acc = torch.zeros(*qt.shape[:-1], v.size(-1), dtype=torch.float64)
+            for ks in range(0, k.size(-2), b):
+                s = qt @ k[..., ks : ks + b, :].double().transpose(-2, -1)
+                if causal:
+                    cols = torch.arange(ks, ks + s.size(-1))[None, :]
+                    s = torch.where(cols > rows, -1e300, s)
+                m_new = torch.maximum(m, s.max(-1, keepdim=True).values)
+                p = torch.exp(s - m_new)
+                total = total * torch.exp(m - m_new) + p.sum(-1, keepdim=True)
+                acc = acc * torch.exp(m - m_new) + p @ v[..., ks : ks + b, :].double()
+                m = m_new
+            outs.append(acc / total)
+            lses.append((m + total.log()).squeeze(-1))
+        out, lse = torch.cat(outs, -2), torch.cat(lses, -1)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.causal, ctx.b = causal, b
+        return out.to(q.dtype)
+
+    @staticmethod
+    def backward(ctx, d_out):
+        q, k, v, out, lse = ctx.saved_tensors
+        d_out, scale = d_out.double(), q.size(-1) ** -0.5
+        dq = torch.zeros(q.shape, dtype=torch.float64)
+        dk = torch.zeros(k.shape, dtype=torch.float64)
+        dv = torch.zeros(v.shape, dtype=torch.float64)
+        rowsum = (d_out * out).sum(-1)
+        for qs in range(0, q.size(-2), ctx.b):
+            sl = slice(qs, qs + ctx.b)
+            qt = q[..., sl, :].double()
+            s = qt @ k.double().transpose(-2, -1) * scale  # all keys of this query tile
+            a = torch.exp(s - lse[..., sl, None])
+            if ctx.causal:
+                rows = torch.arange(qs, qs + qt.size(-2))[:, None]
+                a = torch.where(torch.arange(k.size(-2))[None, :] > rows, 0.0, a)
+            da = d_out[..., sl, :] @ v.double().transpose(-2, -1)
+            ds = a * (da - rowsum[..., sl, None])
+            dq[..., sl, :] = ds @ k.double() * scale
+            dk += ds.transpose(-2, -1) @ qt * scale
+            dv += a.transpose(-2, -1) @ d_out[..., sl, :]
+        return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None, None
+
+
+def _flash_autograd_query_outer(q, k, v, causal=False, block_size=64):
+    return _QueryOuterFlash.apply(q, k, v, causal, block_size)
+
+
 INDEPENDENT_CORRECT_ANSWERS = {
+    "flash_attention_autograd": [_flash_autograd_query_outer],
+    "FlashAttentionFunction": [_QueryOuterFlash],
     "chunked_attention": [_chunked_split_einsum],
     "flash_attention": [_flash_two_level_tiles],
     "flash_attention_with_bias": [_bias_query_tiles, _bias_materialised],

@@ -1,4 +1,4 @@
-"""Hidden tests for chapter 8, efficient attention (21 points).
+"""Hidden tests for chapter 8, efficient attention (26 points).
 
 The exact methods are compared with the reference, which equals PyTorch's
 ``F.scaled_dot_product_attention`` (tests/test_efficient_attention.py checks that); they may
@@ -84,6 +84,74 @@ def _flash_causal_cases(g):
             block_size=5,
             causal=True,
             label="causal with very large logits",
+        ),
+    ]
+
+
+def _grad_case(g, batch, n_q, n_k, d, d_v, *extra, scale=1.0, label, **kwargs):
+    """q, k, v (then ``extra`` positional arguments) and a drawn upstream gradient
+    dL/d(out): the call returns (out, dq, dk, dv)."""
+    q, k, v = _qkv(g, batch, n_q, n_k, d, d_v, scale=scale)
+    upstream = randn(g, *batch, n_q, d_v)
+    return case(q, k, v, *extra, upstream_grad=upstream, label=label, **kwargs)
+
+
+def _function_grad_cases(g, causal):
+    """FlashAttentionFunction.apply(q, k, v, causal, block_size)."""
+    shapes = [  # batch, n_q, n_k, d, d_v, block_size, label
+        ((2, 2), 12, 12, 8, 8, 4, "n = 12, blocks of 4"),
+        ((2,), 6, 13, 8, 8, 4, "n_q = 6 < n_k = 13"),
+        ((2,), 13, 6, 8, 5, 3, "n_q = 13 > n_k = 6, d != d_v"),
+        ((), 5, 5, 4, 4, 1, "blocks of one"),
+        ((2,), 20, 20, 8, 8, 64, "one tile larger than n"),
+    ]
+    cases = [
+        _grad_case(g, batch, n_q, n_k, d, d_v, causal, b, method="apply", label=label)
+        for batch, n_q, n_k, d, d_v, b, label in shapes
+    ]
+    cases.append(
+        _grad_case(
+            g,
+            (2,),
+            12,
+            12,
+            16,
+            16,
+            causal,
+            5,
+            scale=3.0,
+            method="apply",
+            label="large logits",
+        )
+    )
+    return cases
+
+
+def _autograd_cases(g):
+    """flash_attention_autograd(q, k, v, causal=False, block_size=64), by keyword."""
+    return [
+        _grad_case(g, (2,), 9, 13, 8, 6, block_size=5, label="n_q != n_k, blocks of 5"),
+        _grad_case(
+            g,
+            (2,),
+            6,
+            13,
+            8,
+            8,
+            causal=True,
+            block_size=4,
+            label="causal, n_q = 6 < n_k = 13, blocks of 4",
+        ),
+        _grad_case(g, (2,), 70, 70, 8, 8, label="default block_size 64, n = 70"),
+        _grad_case(
+            g,
+            (2,),
+            70,
+            70,
+            8,
+            8,
+            causal=True,
+            label="causal, default block_size, n = 70",
         ),
     ]
 
@@ -296,6 +364,39 @@ TESTS = [
         description="flash_attention_with_bias equals softmax attention plus the "
         "materialised relative-position bias, for any block size",
         make_cases=_bias_cases,
+        forbidden=("sdpa", "softmax"),
+    ),
+    HiddenTest(
+        id="ea_flash_grad",
+        exercise="FlashAttentionFunction",
+        points=2,
+        description="FlashAttentionFunction.apply: the output and the gradients dq, dk, dv "
+        "for a given upstream gradient equal softmax attention's, for any block size",
+        make_cases=lambda g: _function_grad_cases(g, causal=False),
+        level="module",
+        outputs=("out", "dq", "dk", "dv"),
+        forbidden=("sdpa", "softmax"),
+    ),
+    HiddenTest(
+        id="ea_flash_grad_causal",
+        exercise="FlashAttentionFunction",
+        points=2,
+        description="FlashAttentionFunction.apply with causal=True: the output and the "
+        "gradients equal causal softmax attention's, ragged lengths included",
+        make_cases=lambda g: _function_grad_cases(g, causal=True),
+        level="module",
+        outputs=("out", "dq", "dk", "dv"),
+        forbidden=("sdpa", "softmax"),
+    ),
+    HiddenTest(
+        id="ea_flash_autograd",
+        exercise="flash_attention_autograd",
+        points=1,
+        description="flash_attention_autograd(q, k, v, causal, block_size) calls "
+        "FlashAttentionFunction: its output and gradients, with the default block size too",
+        make_cases=_autograd_cases,
+        level="module",
+        outputs=("out", "dq", "dk", "dv"),
         forbidden=("sdpa", "softmax"),
     ),
     HiddenTest(

@@ -51,6 +51,9 @@ class Case:
     # the exception the docstring promises for these arguments (a class name, such as
     # "ValueError"): the reference raises it, and so must the student's code
     raises: str | None = None
+    # the upstream gradient dL/d(output): the call also returns the gradients of the
+    # positional tensor arguments, computed by the exercise's backward (probe.CallPlan)
+    upstream_grad: Any = None
 
     def to_plan(self, state: dict | None) -> CallPlan:
         """The plain data a probe needs to make this call (tensors, numbers, strings)."""
@@ -66,6 +69,7 @@ class Case:
             "state": state,
             "method": self.method,
             "setup": [[name, list(args)] for name, args in self.setup],
+            "upstream_grad": self.upstream_grad,
         }
 
 
@@ -76,10 +80,12 @@ def case(
     method: str | None = None,
     setup: list[tuple[str, tuple]] | None = None,
     raises: str | None = None,
+    upstream_grad: Any = None,
     **kwargs: Any,
 ) -> Case:
     """Shorthand: ``case(q, k, v, mask=m, label="causal mask")``; ``raises="ValueError"``
-    for arguments the exercise's docstring says it refuses."""
+    for arguments the exercise's docstring says it refuses; ``upstream_grad=g`` to grade
+    the gradients too (the outcome is [output, then each positional tensor's gradient])."""
     return Case(
         args=args,
         kwargs=kwargs,
@@ -88,6 +94,7 @@ def case(
         method=method,
         setup=list(setup or []),
         raises=raises,
+        upstream_grad=upstream_grad,
     )
 
 

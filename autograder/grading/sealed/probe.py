@@ -24,8 +24,14 @@ class CallPlan(TypedDict):
     kwargs: dict  # keyword arguments
     init: list | None  # [args, kwargs] to build the module first; None for a function
     state: dict | None  # the weights to load into that module
-    method: str | None  # the module's method to call; None: call the module itself
+    # the module's method to call (without init: the exercise's own attribute, such as
+    # an autograd Function's ``apply``); None: call the module (the function) itself
+    method: str | None
     setup: list  # [method name, args] pairs called on the module before the call
+    # None: the call runs without gradients and returns its output. A tensor: the upstream
+    # gradient dL/d(output); the call runs with gradients and returns [output, then the
+    # gradient of every floating-point tensor among the positional arguments, in order]
+    upstream_grad: Any
 
 
 class TestPlan(TypedDict):
@@ -122,6 +128,10 @@ def call(namespace, exercise, plan: CallPlan):
     # a copy per call: a student may modify inputs in place
     args = _materialise(copy.deepcopy(plan["args"]), namespace)
     kwargs = _materialise(copy.deepcopy(plan["kwargs"]), namespace)
+    if plan["init"] is None and plan["method"] is not None:
+        target = getattr(target, plan["method"])  # a class's own, e.g. Function.apply
+    if plan.get("upstream_grad") is not None:
+        return _with_gradients(target, args, kwargs, plan["upstream_grad"], exercise)
     with torch.no_grad():
         if plan["init"] is None:
             return target(*args, **kwargs)
@@ -134,6 +144,24 @@ def call(namespace, exercise, plan: CallPlan):
         module.eval()
         method = module if plan["method"] is None else getattr(module, plan["method"])
         return method(*args, **kwargs)
+
+
+def _with_gradients(target, args, kwargs, upstream, exercise):
+    """The output and the gradients of sum(output * upstream) with respect to the floating-
+    point tensors among ``args``, computed by the exercise's own backward pass: plain
+    tensors (None for an input the output does not depend on)."""
+    inputs = [a for a in args if isinstance(a, torch.Tensor) and a.is_floating_point()]
+    for a in inputs:
+        a.requires_grad_(True)
+    with torch.enable_grad():
+        out = target(*args, **kwargs)
+        if not isinstance(out, torch.Tensor) or not out.requires_grad:
+            raise _Missing(
+                f"your `{exercise}` returned no tensor that gradients flow back through: "
+                "return the output of your autograd function, not a detached copy"
+            )
+        grads = torch.autograd.grad(out, inputs, upstream, allow_unused=True)
+    return [out, *grads]
 
 
 def _load_state(module, state, exercise):
