@@ -22,3 +22,10 @@ def test_the_gpu_benchmark_runs_and_records_machine_versions_and_date(tmp_path):
         r["ms"] > 0 for r in unfused
     )  # forward, and backward
     assert any(r["method"].startswith("course flash_attention") for r in record["rows"])
+    # chapter 8's autograd function and chapter 11's Triton kernels (here through the
+    # interpreter), forward and forward + backward, with the Triton version recorded
+    assert record["machine"]["triton"] and record["machine"]["triton_interpreter"]
+    for method in ("course FlashAttentionFunction", "Triton kernels, chapter 11"):
+        rows = [r for r in record["rows"] if r["method"].startswith(method)]
+        assert sorted(r["backward"] for r in rows) == [False, True], method
+        assert all(r.get("ms", 0) > 0 for r in rows), rows
