@@ -72,6 +72,16 @@ def flash_fwd_kernel(
     tl.store(lse_ptr + bh * n_q + rows, m + tl.log(denom), mask=keep)  # L = m + log(l)
 
 
+def round_to_tf32(x: torch.Tensor) -> torch.Tensor:
+    """float32 rounded to TF32's 10 mantissa bits (to nearest), as a GPU's tensor cores read
+    the inputs of ``tl.dot`` on float32 unless ``input_precision="ieee"``. Triton's
+    interpreter ignores ``input_precision``, so this is how the pitfall shows on a CPU."""
+    bits = x.float().contiguous().view(torch.int32)
+    # add half of the dropped part, then drop the 13 low bits (carries into the exponent)
+    rounded = (bits + 0x1000) & ~0x1FFF
+    return rounded.view(torch.float32)
+
+
 def _blocks(device) -> int:
     """Tiles of 64 on a GPU; of 16 in the interpreter, so that small inputs have several."""
     return 64 if device.type == "cuda" else 16

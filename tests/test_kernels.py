@@ -140,6 +140,23 @@ def test_tl_dot_rounds_to_tf32_only_where_asked_on_a_gpu_not_in_the_interpreter(
     assert torch.equal(results["ieee"], results["tf32"])
 
 
+def test_tf32_rounding_keeps_ten_mantissa_bits_and_costs_far_more_than_float32():
+    x = torch.tensor([1.0, 1.0 + 2**-10, 1.0 + 2**-11 + 2**-13, 1.0 + 2**-12, -3.0])
+    assert kernels.round_to_tf32(x).tolist() == [
+        1.0,
+        1.0 + 2**-10,
+        1.0 + 2**-10,
+        1.0,
+        -3.0,
+    ]
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(64, 64, generator=g), torch.randn(64, 64, generator=g)
+    exact = a.double() @ b.double()
+    float32 = (a @ b - exact).abs().max()
+    tf32 = (kernels.round_to_tf32(a) @ kernels.round_to_tf32(b) - exact).abs().max()
+    assert tf32 > 100 * float32  # far outside FlashAttention's tolerance rule
+
+
 def test_the_interpreter_runs_in_a_sealed_process():
     """The grader's sealed child may not map executable memory: Triton, imported before
     the seal (in the student's cells), still runs the kernels through its interpreter."""
