@@ -327,370 +327,370 @@ def _wrong_flash_autograd(**slips):
     return flash
 
 
-MISTAKES = (
-    [
-        Mistake(
-            "chunked_attention",
-            "unscaled",
-            "your scores look unscaled: did you divide q k^T by sqrt(d)?",
-            _chunked_unscaled,
-        ),
-        Mistake(
-            "chunked_attention",
-            "softmax over queries",
-            "your weights look normalised over the queries of a chunk: take the softmax over "
-            "the keys (dim=-1), so that each query's row sums to 1.",
-            _chunked_softmax_over_queries,
-        ),
-        Mistake(
-            "chunked_attention",
-            "last chunk dropped",
-            "your output misses the last queries: when chunk_size does not divide n_q, is the "
-            "last, shorter chunk computed too (range(0, n_q, chunk_size))?",
-            _chunked_drops_last,
-        ),
-        Mistake(
-            "chunked_attention",
-            "keys chunked separately",
-            "your output looks like an average of separate softmaxes over chunks of keys: chunk "
-            "the queries, and let every chunk attend to all the keys at once.",
-            _chunked_keys_separately,
-        ),
-        Mistake(
-            "flash_attention",
-            "accumulator not rescaled",
-            "when the running maximum grows, is the running output o multiplied by "
-            "exp(m_old - m_new) before the new block is added?",
-            _wrong_flash(rescale_acc=False),
-        ),
-        Mistake(
-            "flash_attention",
-            "denominator not rescaled",
-            "when the running maximum grows, is the running denominator l multiplied by "
-            "exp(m_old - m_new) before the new block's sum is added?",
-            _wrong_flash(rescale_l=False),
-        ),
-        Mistake(
-            "flash_attention",
-            "running max not updated",
-            "your output breaks down on large logits: is the running maximum updated to "
-            "max(m, rowmax(scores)) at every block, not only at the first?",
-            _wrong_flash(update_max=False),
-        ),
-        Mistake(
-            "flash_attention",
-            "unscaled",
-            "your scores look unscaled: did you divide q k^T by sqrt(d)?",
-            _wrong_flash(scale=False),
-        ),
-        Mistake(
-            "flash_attention",
-            "not normalised",
-            "your output looks unnormalised: divide the running output o by the running "
-            "denominator l at the end.",
-            _wrong_flash(normalise=False),
-        ),
-        Mistake(
-            "flash_attention",
-            "causal diagonal excluded",
-            "your causal mask hides the diagonal: query i may attend to key j when j <= i, "
-            "itself included (mask only j > i).",
-            _wrong_flash(diagonal="hide"),
-        ),
-        Mistake(
-            "flash_attention",
-            "causal diagonal block skipped",
-            "your causal version seems to skip the block that holds the diagonal: a key block "
-            "starting at s must still be used by the queries i >= s.",
-            _wrong_flash(diagonal="skip"),
-        ),
-        Mistake(
-            "flash_attention",
-            "causal ignored",
-            "with causal=True your output still looks at future keys: hide key j from query i "
-            "when j > i.",
-            _wrong_flash(honour_causal=False),
-        ),
-        Mistake(
-            "flash_attention_with_bias",
-            "bias subtracted",
-            "your bias seems to enter with the wrong sign: add rel_bias[u, clip(j - i, K) + K] "
-            "to the scaled score q_i . k_j / sqrt(d), do not subtract it.",
-            _wrong_flash_bias(sign=-1.0),
-        ),
-        Mistake(
-            "flash_attention_with_bias",
-            "tile offset ignored",
-            "your bias looks right for the first block of keys only: key j of the block "
-            "starting at `start` is at position start + j, so the offset is (start + j) - i.",
-            _wrong_flash_bias(offset="local"),
-        ),
-        Mistake(
-            "flash_attention_with_bias",
-            "running max without the bias",
-            "your output breaks down on large biases: take the running maximum of the biased "
-            "scores (add the bias to the tile before its row maximum), not of q k^T / sqrt(d).",
-            _wrong_flash_bias(after_max=True),
-        ),
-        Mistake(
-            "flash_attention_with_bias",
-            "bias scaled by 1/sqrt(d)",
-            "your bias looks divided by sqrt(d): only q k^T is scaled; add the bias to the "
-            "scaled score as it is.",
-            _wrong_flash_bias(scale_bias=True),
-        ),
-        Mistake(
-            "flash_attention_with_bias",
-            "offset i - j",
-            "your bias looks read by the offset i - j: the table's row for query i and key j "
-            "is clip(j - i, K) + K (positive when the key comes after the query).",
-            _wrong_flash_bias(direction="i - j"),
-        ),
-        Mistake(
-            "sliding_window_mask",
-            "window off by one",
-            "your window looks one too narrow: query i may attend to key j when |i - j| <= "
-            "window (not < window).",
-            _window_mask_strict,
-        ),
-        Mistake(
-            "sliding_window_mask",
-            "one-sided window",
-            "your window only looks back: the mask is symmetric, |i - j| <= window on both sides.",
-            _window_mask_one_sided,
-        ),
-        Mistake(
-            "sliding_window_mask",
-            "not bool",
-            "your mask is not a bool tensor: return dtype torch.bool (True = may attend).",
-            _window_mask_float,
-        ),
-        Mistake(
-            "sliding_window_mask",
-            "window as total width",
-            "your band looks half as wide: `window` is the distance on each side, so each row "
-            "has up to 2 window + 1 True entries.",
-            _window_mask_total_width,
-        ),
-        Mistake(
-            "local_attention",
-            "window off by one",
-            "your window looks one too narrow: query i sees keys j with |i - j| <= window, "
-            "offsets -window ... window included.",
-            _local_window_off_by_one,
-        ),
-        Mistake(
-            "local_attention",
-            "unscaled",
-            "your scores look unscaled: did you divide by sqrt(d)?",
-            _local_unscaled,
-        ),
-        Mistake(
-            "local_attention",
-            "one-sided window",
-            "your window only looks back: local attention here sees window keys on each side.",
-            _local_one_sided,
-        ),
-        Mistake(
-            "local_attention",
-            "padding attended",
-            "your outputs differ near the ends of the sequence: are the padding slots (keys "
-            "before 0 or after n - 1) hidden before the softmax?",
-            _local_padding_attended,
-        ),
-        Mistake(
-            "linear_attention",
-            "elu instead of elu + 1",
-            "your feature map looks like elu(x): use elu(x) + 1, which is positive everywhere.",
-            _wrong_linear(feature="elu"),
-        ),
-        Mistake(
-            "linear_attention",
-            "relu feature map",
-            "your feature map looks like relu(x): use elu(x) + 1.",
-            _wrong_linear(feature="relu"),
-        ),
-        Mistake(
-            "linear_attention",
-            "not normalised",
-            "your output looks unnormalised: divide phi(q_i)^T S by phi(q_i)^T z, with "
-            "z = sum_j phi(k_j).",
-            _wrong_linear(normalise=False),
-        ),
-        Mistake(
-            "linear_attention",
-            "scaled by 1/sqrt(d)",
-            "your queries look scaled by 1/sqrt(d): linear attention applies phi to q and k as "
-            "they are.",
-            _wrong_linear(scale=True),
-        ),
-        Mistake(
-            "linear_attention",
-            "exclusive prefix sums",
-            "with causal=True your sums seem to stop before the current token: the prefix sums "
-            "run over j <= i, token i included (an inclusive cumsum).",
-            _wrong_linear(prefix="exclusive"),
-        ),
-        Mistake(
-            "linear_attention",
-            "causal ignored",
-            "with causal=True your output still uses future keys: use prefix sums over j <= i.",
-            _wrong_linear(prefix="ignored"),
-        ),
-        Mistake(
-            "performer_features",
-            "no norm term",
-            "your features miss the factor exp(-|x|^2 / 2).",
-            _features_no_norm_term,
-        ),
-        Mistake(
-            "performer_features",
-            "no 1/sqrt(m)",
-            "your features look too large by sqrt(m): divide by the square root of the number "
-            "of features.",
-            _features_no_sqrt_m,
-        ),
-        Mistake(
-            "performer_features",
-            "norm term not halved",
-            "your features look like exp(w . x - |x|^2): the norm term is |x|^2 / 2.",
-            _features_full_norm,
-        ),
-        Mistake(
-            "performer_features",
-            "scaled inside",
-            "your features look scaled by d^(-1/4) inside: performer_features applies no "
-            "scaling; performer_attention scales q and k before calling it.",
-            _features_scaled_inside,
-        ),
-        Mistake(
-            "performer_attention",
-            "unscaled",
-            "your queries and keys look unscaled: divide each by d^(1/4) before the features.",
-            _wrong_performer(scale="none"),
-        ),
-        Mistake(
-            "performer_attention",
-            "scaled by 1/sqrt(d) twice",
-            "your queries and keys look divided by sqrt(d) each: divide each by d^(1/4), so that "
-            "their product carries 1/sqrt(d) once.",
-            _wrong_performer(scale="half"),
-        ),
-        Mistake(
-            "performer_attention",
-            "not normalised",
-            "your output looks unnormalised: divide by phi(q_i) . sum_j phi(k_j).",
-            _wrong_performer(normalise=False),
-        ),
-        Mistake(
-            "performer_attention",
-            "features without the norm term",
-            "your features seem to miss exp(-|x|^2 / 2): use performer_features.",
-            _wrong_performer(features=_features_no_norm_term),
-        ),
-        Mistake(
-            "linformer_attention",
-            "queries projected",
-            "your output has the projected length: project the keys (proj_k) and the values "
-            "(proj_v), not the queries; every query keeps its own output.",
-            _linformer_projects_queries,
-        ),
-        Mistake(
-            "linformer_attention",
-            "E and F swapped",
-            "your projections look swapped: proj_k (the paper's E) projects the keys and "
-            "proj_v (F) the values.",
-            _linformer_swapped,
-        ),
-        Mistake(
-            "linformer_attention",
-            "unscaled",
-            "your scores look unscaled: did you divide by sqrt(d)?",
-            _linformer_unscaled,
-        ),
-        Mistake(
-            "linformer_attention",
-            "scaled by sqrt(k)",
-            "your scores look divided by sqrt(k), the projected length: the scale is 1/sqrt(d), "
-            "with d the width of the queries and keys.",
-            _linformer_scaled_by_k,
-        ),
-        Mistake(
-            "grouped_query_attention",
-            "repeat instead of repeat_interleave",
-            "query heads seem to use key/value head j % g: head j must use j // (h // g) "
-            "(repeat_interleave, not repeat).",
-            _wrong_gqa(expand="repeat"),
-        ),
-        Mistake(
-            "grouped_query_attention",
-            "unscaled",
-            "your scores look unscaled: did you divide by sqrt(d)?",
-            _wrong_gqa(scale=False),
-        ),
-        Mistake(
-            "grouped_query_attention",
-            "key/value heads averaged",
-            "your output looks as if all key/value heads were averaged into one: each group of "
-            "h // g query heads has its own key/value head.",
-            _wrong_gqa(expand="average"),
-        ),
-        Mistake(
-            "grouped_query_attention",
-            "mask ignored",
-            "your output ignores the mask: hide the keys where the mask is False.",
-            _wrong_gqa(use_mask=False),
-        ),
-        Mistake(
-            "grouped_query_attention",
-            "softmax over queries",
-            "your weights look normalised over the queries: take the softmax over the keys "
-            "(dim=-1).",
-            _wrong_gqa(softmax_dim=-2),
-        ),
-        Mistake(
-            "kv_cache_step",
-            "cache not updated",
-            "the cache you return looks unchanged: return the keys and values with the new "
-            "ones appended.",
-            _wrong_kv(update=False),
-        ),
-        Mistake(
-            "kv_cache_step",
-            "new token not attended",
-            "your new tokens seem to attend only to the old cache: append the new keys and "
-            "values first, then attend (a token sees itself).",
-            _wrong_kv(include_new=False),
-        ),
-        Mistake(
-            "kv_cache_step",
-            "prepended",
-            "your cache holds the new keys before the old ones: append them at the end "
-            "(torch.cat([cache, new], dim=-2)).",
-            _wrong_kv(order="prepend"),
-        ),
-        Mistake(
-            "kv_cache_step",
-            "no causal mask between new tokens",
-            "with several new tokens, each may see the cache and the new tokens up to itself "
-            "only: add a causal mask of shape (s, t + s).",
-            _wrong_kv(causal=False),
-        ),
-        Mistake(
-            "kv_cache_step",
-            "repeat instead of repeat_interleave",
-            "query heads seem to use key/value head j % g: head j must use j // (h // g).",
-            _wrong_kv(gqa=_wrong_gqa(expand="repeat")),
-        ),
-    ]
-    + [
-        Mistake("FlashAttentionFunction", name, hint, wrong_flash_function(**slips))
-        for name, hint, slips in SLIPS
-    ]
-    + [
-        # the wrapper's own tests fail on all of them too; three are named there, since each
-        # name costs every failing test a run of the mistake
-        Mistake("flash_attention_autograd", name, hint, _wrong_flash_autograd(**slips))
-        for name, hint, slips in SLIPS[:3]
-    ]
-)
+MISTAKES = [
+    Mistake(
+        "chunked_attention",
+        "unscaled",
+        "your scores look unscaled: did you divide q k^T by sqrt(d)?",
+        _chunked_unscaled,
+    ),
+    Mistake(
+        "chunked_attention",
+        "softmax over queries",
+        "your weights look normalised over the queries of a chunk: take the softmax over "
+        "the keys (dim=-1), so that each query's row sums to 1.",
+        _chunked_softmax_over_queries,
+    ),
+    Mistake(
+        "chunked_attention",
+        "last chunk dropped",
+        "your output misses the last queries: when chunk_size does not divide n_q, is the "
+        "last, shorter chunk computed too (range(0, n_q, chunk_size))?",
+        _chunked_drops_last,
+    ),
+    Mistake(
+        "chunked_attention",
+        "keys chunked separately",
+        "your output looks like an average of separate softmaxes over chunks of keys: chunk "
+        "the queries, and let every chunk attend to all the keys at once.",
+        _chunked_keys_separately,
+    ),
+    Mistake(
+        "flash_attention",
+        "accumulator not rescaled",
+        "when the running maximum grows, is the running output o multiplied by "
+        "exp(m_old - m_new) before the new block is added?",
+        _wrong_flash(rescale_acc=False),
+    ),
+    Mistake(
+        "flash_attention",
+        "denominator not rescaled",
+        "when the running maximum grows, is the running denominator l multiplied by "
+        "exp(m_old - m_new) before the new block's sum is added?",
+        _wrong_flash(rescale_l=False),
+    ),
+    Mistake(
+        "flash_attention",
+        "running max not updated",
+        "your output breaks down on large logits: is the running maximum updated to "
+        "max(m, rowmax(scores)) at every block, not only at the first?",
+        _wrong_flash(update_max=False),
+    ),
+    Mistake(
+        "flash_attention",
+        "unscaled",
+        "your scores look unscaled: did you divide q k^T by sqrt(d)?",
+        _wrong_flash(scale=False),
+    ),
+    Mistake(
+        "flash_attention",
+        "not normalised",
+        "your output looks unnormalised: divide the running output o by the running "
+        "denominator l at the end.",
+        _wrong_flash(normalise=False),
+    ),
+    Mistake(
+        "flash_attention",
+        "causal diagonal excluded",
+        "your causal mask hides the diagonal: query i may attend to key j when j <= i, "
+        "itself included (mask only j > i).",
+        _wrong_flash(diagonal="hide"),
+    ),
+    Mistake(
+        "flash_attention",
+        "causal diagonal block skipped",
+        "your causal version seems to skip the block that holds the diagonal: a key block "
+        "starting at s must still be used by the queries i >= s.",
+        _wrong_flash(diagonal="skip"),
+    ),
+    Mistake(
+        "flash_attention",
+        "causal ignored",
+        "with causal=True your output still looks at future keys: hide key j from query i "
+        "when j > i.",
+        _wrong_flash(honour_causal=False),
+    ),
+    Mistake(
+        "flash_attention_with_bias",
+        "bias subtracted",
+        "your bias seems to enter with the wrong sign: add rel_bias[u, clip(j - i, K) + K] "
+        "to the scaled score q_i . k_j / sqrt(d), do not subtract it.",
+        _wrong_flash_bias(sign=-1.0),
+    ),
+    Mistake(
+        "flash_attention_with_bias",
+        "tile offset ignored",
+        "your bias looks right for the first block of keys only: key j of the block "
+        "starting at `start` is at position start + j, so the offset is (start + j) - i.",
+        _wrong_flash_bias(offset="local"),
+    ),
+    Mistake(
+        "flash_attention_with_bias",
+        "running max without the bias",
+        "your output breaks down on large biases: take the running maximum of the biased "
+        "scores (add the bias to the tile before its row maximum), not of q k^T / sqrt(d).",
+        _wrong_flash_bias(after_max=True),
+    ),
+    Mistake(
+        "flash_attention_with_bias",
+        "bias scaled by 1/sqrt(d)",
+        "your bias looks divided by sqrt(d): only q k^T is scaled; add the bias to the "
+        "scaled score as it is.",
+        _wrong_flash_bias(scale_bias=True),
+    ),
+    Mistake(
+        "flash_attention_with_bias",
+        "offset i - j",
+        "your bias looks read by the offset i - j: the table's row for query i and key j "
+        "is clip(j - i, K) + K (positive when the key comes after the query).",
+        _wrong_flash_bias(direction="i - j"),
+    ),
+    Mistake(
+        "sliding_window_mask",
+        "window off by one",
+        "your window looks one too narrow: query i may attend to key j when |i - j| <= "
+        "window (not < window).",
+        _window_mask_strict,
+    ),
+    Mistake(
+        "sliding_window_mask",
+        "one-sided window",
+        "your window only looks back: the mask is symmetric, |i - j| <= window on both sides.",
+        _window_mask_one_sided,
+    ),
+    Mistake(
+        "sliding_window_mask",
+        "not bool",
+        "your mask is not a bool tensor: return dtype torch.bool (True = may attend).",
+        _window_mask_float,
+    ),
+    Mistake(
+        "sliding_window_mask",
+        "window as total width",
+        "your band looks half as wide: `window` is the distance on each side, so each row "
+        "has up to 2 window + 1 True entries.",
+        _window_mask_total_width,
+    ),
+    Mistake(
+        "local_attention",
+        "window off by one",
+        "your window looks one too narrow: query i sees keys j with |i - j| <= window, "
+        "offsets -window ... window included.",
+        _local_window_off_by_one,
+    ),
+    Mistake(
+        "local_attention",
+        "unscaled",
+        "your scores look unscaled: did you divide by sqrt(d)?",
+        _local_unscaled,
+    ),
+    Mistake(
+        "local_attention",
+        "one-sided window",
+        "your window only looks back: local attention here sees window keys on each side.",
+        _local_one_sided,
+    ),
+    Mistake(
+        "local_attention",
+        "padding attended",
+        "your outputs differ near the ends of the sequence: are the padding slots (keys "
+        "before 0 or after n - 1) hidden before the softmax?",
+        _local_padding_attended,
+    ),
+    Mistake(
+        "linear_attention",
+        "elu instead of elu + 1",
+        "your feature map looks like elu(x): use elu(x) + 1, which is positive everywhere.",
+        _wrong_linear(feature="elu"),
+    ),
+    Mistake(
+        "linear_attention",
+        "relu feature map",
+        "your feature map looks like relu(x): use elu(x) + 1.",
+        _wrong_linear(feature="relu"),
+    ),
+    Mistake(
+        "linear_attention",
+        "not normalised",
+        "your output looks unnormalised: divide phi(q_i)^T S by phi(q_i)^T z, with "
+        "z = sum_j phi(k_j).",
+        _wrong_linear(normalise=False),
+    ),
+    Mistake(
+        "linear_attention",
+        "scaled by 1/sqrt(d)",
+        "your queries look scaled by 1/sqrt(d): linear attention applies phi to q and k as "
+        "they are.",
+        _wrong_linear(scale=True),
+    ),
+    Mistake(
+        "linear_attention",
+        "exclusive prefix sums",
+        "with causal=True your sums seem to stop before the current token: the prefix sums "
+        "run over j <= i, token i included (an inclusive cumsum).",
+        _wrong_linear(prefix="exclusive"),
+    ),
+    Mistake(
+        "linear_attention",
+        "causal ignored",
+        "with causal=True your output still uses future keys: use prefix sums over j <= i.",
+        _wrong_linear(prefix="ignored"),
+    ),
+    Mistake(
+        "performer_features",
+        "no norm term",
+        "your features miss the factor exp(-|x|^2 / 2).",
+        _features_no_norm_term,
+    ),
+    Mistake(
+        "performer_features",
+        "no 1/sqrt(m)",
+        "your features look too large by sqrt(m): divide by the square root of the number "
+        "of features.",
+        _features_no_sqrt_m,
+    ),
+    Mistake(
+        "performer_features",
+        "norm term not halved",
+        "your features look like exp(w . x - |x|^2): the norm term is |x|^2 / 2.",
+        _features_full_norm,
+    ),
+    Mistake(
+        "performer_features",
+        "scaled inside",
+        "your features look scaled by d^(-1/4) inside: performer_features applies no "
+        "scaling; performer_attention scales q and k before calling it.",
+        _features_scaled_inside,
+    ),
+    Mistake(
+        "performer_attention",
+        "unscaled",
+        "your queries and keys look unscaled: divide each by d^(1/4) before the features.",
+        _wrong_performer(scale="none"),
+    ),
+    Mistake(
+        "performer_attention",
+        "scaled by 1/sqrt(d) twice",
+        "your queries and keys look divided by sqrt(d) each: divide each by d^(1/4), so that "
+        "their product carries 1/sqrt(d) once.",
+        _wrong_performer(scale="half"),
+    ),
+    Mistake(
+        "performer_attention",
+        "not normalised",
+        "your output looks unnormalised: divide by phi(q_i) . sum_j phi(k_j).",
+        _wrong_performer(normalise=False),
+    ),
+    Mistake(
+        "performer_attention",
+        "features without the norm term",
+        "your features seem to miss exp(-|x|^2 / 2): use performer_features.",
+        _wrong_performer(features=_features_no_norm_term),
+    ),
+    Mistake(
+        "linformer_attention",
+        "queries projected",
+        "your output has the projected length: project the keys (proj_k) and the values "
+        "(proj_v), not the queries; every query keeps its own output.",
+        _linformer_projects_queries,
+    ),
+    Mistake(
+        "linformer_attention",
+        "E and F swapped",
+        "your projections look swapped: proj_k (the paper's E) projects the keys and "
+        "proj_v (F) the values.",
+        _linformer_swapped,
+    ),
+    Mistake(
+        "linformer_attention",
+        "unscaled",
+        "your scores look unscaled: did you divide by sqrt(d)?",
+        _linformer_unscaled,
+    ),
+    Mistake(
+        "linformer_attention",
+        "scaled by sqrt(k)",
+        "your scores look divided by sqrt(k), the projected length: the scale is 1/sqrt(d), "
+        "with d the width of the queries and keys.",
+        _linformer_scaled_by_k,
+    ),
+    Mistake(
+        "grouped_query_attention",
+        "repeat instead of repeat_interleave",
+        "query heads seem to use key/value head j % g: head j must use j // (h // g) "
+        "(repeat_interleave, not repeat).",
+        _wrong_gqa(expand="repeat"),
+    ),
+    Mistake(
+        "grouped_query_attention",
+        "unscaled",
+        "your scores look unscaled: did you divide by sqrt(d)?",
+        _wrong_gqa(scale=False),
+    ),
+    Mistake(
+        "grouped_query_attention",
+        "key/value heads averaged",
+        "your output looks as if all key/value heads were averaged into one: each group of "
+        "h // g query heads has its own key/value head.",
+        _wrong_gqa(expand="average"),
+    ),
+    Mistake(
+        "grouped_query_attention",
+        "mask ignored",
+        "your output ignores the mask: hide the keys where the mask is False.",
+        _wrong_gqa(use_mask=False),
+    ),
+    Mistake(
+        "grouped_query_attention",
+        "softmax over queries",
+        "your weights look normalised over the queries: take the softmax over the keys "
+        "(dim=-1).",
+        _wrong_gqa(softmax_dim=-2),
+    ),
+    Mistake(
+        "kv_cache_step",
+        "cache not updated",
+        "the cache you return looks unchanged: return the keys and values with the new "
+        "ones appended.",
+        _wrong_kv(update=False),
+    ),
+    Mistake(
+        "kv_cache_step",
+        "new token not attended",
+        "your new tokens seem to attend only to the old cache: append the new keys and "
+        "values first, then attend (a token sees itself).",
+        _wrong_kv(include_new=False),
+    ),
+    Mistake(
+        "kv_cache_step",
+        "prepended",
+        "your cache holds the new keys before the old ones: append them at the end "
+        "(torch.cat([cache, new], dim=-2)).",
+        _wrong_kv(order="prepend"),
+    ),
+    Mistake(
+        "kv_cache_step",
+        "no causal mask between new tokens",
+        "with several new tokens, each may see the cache and the new tokens up to itself "
+        "only: add a causal mask of shape (s, t + s).",
+        _wrong_kv(causal=False),
+    ),
+    Mistake(
+        "kv_cache_step",
+        "repeat instead of repeat_interleave",
+        "query heads seem to use key/value head j % g: head j must use j // (h // g).",
+        _wrong_kv(gqa=_wrong_gqa(expand="repeat")),
+    ),
+]
+
+# exercise 11, FlashAttention's backward pass: the slips chapter 11 shares
+MISTAKES += [
+    Mistake("FlashAttentionFunction", name, hint, wrong_flash_function(**slips))
+    for name, hint, slips in SLIPS
+]
+# the wrapper's own test fails on all of them too; three are named there, since each name
+# costs every failing test one more run of the mistake
+MISTAKES += [
+    Mistake("flash_attention_autograd", name, hint, _wrong_flash_autograd(**slips))
+    for name, hint, slips in SLIPS[:3]
+]
