@@ -324,6 +324,7 @@ SEARCHES = {
     "07_relative_position": "ALiBi",
     "08_efficient_attention": "FlashAttention",
     "09_beyond_sequences": "patches",
+    "10_language_model": "SwiGLU",
 }
 WAIT_FOR_RESULTS = """
 for (let i = 0; i < 600; i++) {
