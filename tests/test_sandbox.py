@@ -66,6 +66,67 @@ def test_working_folder_is_private_and_writable(sandbox):
     assert second.strip() == "[]"  # another kernel sees nothing of the first
 
 
+_RUN_WRITTEN = """
+import ctypes, ctypes.util, os, shutil, subprocess
+libm = ctypes.util.find_library("m")
+libm = next(p for p in ("/lib/x86_64-linux-gnu/" + libm, "/usr/lib/x86_64-linux-gnu/" + libm,
+                         "/lib64/" + libm, "/usr/lib64/" + libm) if os.path.exists(p))
+for folder in ("/submission", "/tmp", "/dev/shm", os.path.dirname(os.environ["JPY_CONNECTION"])
+               if "JPY_CONNECTION" in os.environ else "/tmp"):
+    program = shutil.copy("/bin/true", os.path.join(folder, "mine"))
+    os.chmod(program, 0o755)
+    try:
+        subprocess.run([program], check=True)
+        print(folder, "ran a program")
+    except PermissionError:
+        pass
+    library = shutil.copy(libm, os.path.join(folder, "libmine.so"))
+    try:
+        ctypes.CDLL(library)
+        print(folder, "loaded a library")
+    except OSError:
+        pass
+print("done")
+"""
+
+
+def test_what_the_kernel_writes_it_cannot_run(sandbox):
+    """Every writable mount is noexec: a program or library written during grading
+    neither runs nor loads (the kernel's own folder included), while the read-only
+    system's do."""
+    (out,) = run_cells(sandbox, _RUN_WRITTEN)
+    assert out.strip() == "done", out
+    (mounts,) = run_cells(
+        sandbox,
+        "for line in open('/proc/self/mountinfo'):\n"
+        "    fields = line.split()\n"
+        "    point, options = fields[4], fields[5].split(',')\n"
+        "    if 'rw' in options and not point.startswith(('/dev/', '/proc')):\n"
+        "        print(point, 'noexec' in options)",
+    )
+    writable = dict(line.split() for line in mounts.strip().splitlines())
+    assert {"/tmp", "/submission"} <= set(writable), mounts
+    assert set(writable.values()) == {"True"}, mounts
+
+
+def test_torch_compile_runs_the_function_as_written(sandbox):
+    """Grading compiles nothing (the zygote's "force_eager" stance): a compiled function
+    gives the eager result at every shape, at once, with no native code built."""
+    (out,) = run_cells(
+        sandbox,
+        "import time, torch\n"
+        "def f(x):\n"
+        "    return (x @ x.transpose(-2, -1)).softmax(-1) @ x\n"
+        "g = torch.compile(f)\n"
+        "start = time.perf_counter()\n"
+        "for n in (3, 5, 7):\n"
+        "    x = torch.randn(2, n, 4)\n"
+        "    assert torch.equal(g(x), f(x))\n"
+        "print('same', time.perf_counter() - start < 5)",
+    )
+    assert out.strip() == "same True", out
+
+
 def test_memory_limit_raises_instead_of_exhausting_the_machine(sandbox):
     (big,) = run_cells(
         sandbox, "import torch; x = torch.empty(2**40, dtype=torch.uint8)"

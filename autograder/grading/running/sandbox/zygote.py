@@ -161,9 +161,14 @@ def _bind(source, root, writable=False):
         )
 
 
-def _tmpfs(target, size, mode="1777"):
+def _tmpfs(target, size, mode="1777", flags=MS_NOSUID | MS_NODEV):
     os.makedirs(target, exist_ok=True)
-    _mount("tmpfs", target, "tmpfs", MS_NOSUID | MS_NODEV, f"size={size},mode={mode}")
+    _mount("tmpfs", target, "tmpfs", flags, f"size={size},mode={mode}")
+
+
+# What the kernel may write it may not run: no program, library or Python extension
+# written during grading loads (``torch.compile`` builds none: ``eager_compiles``).
+WRITABLE = MS_NOSUID | MS_NODEV | MS_NOEXEC
 
 
 def _under(path, parent):
@@ -177,9 +182,9 @@ def build_root(root, config, kernel_dir):
     hidden by it."""
     _mount(None, "/", None, MS_REC | MS_PRIVATE)
     _tmpfs(root, "16m", mode="755")
-    _tmpfs(root + "/tmp", config["disk"])
-    _tmpfs(root + "/dev/shm", config["disk"])
-    _tmpfs(root + "/submission", config["disk"], mode="777")
+    _tmpfs(root + "/tmp", config["disk"], flags=WRITABLE)
+    _tmpfs(root + "/dev/shm", config["disk"], flags=WRITABLE)
+    _tmpfs(root + "/submission", config["disk"], mode="777", flags=WRITABLE)
     exposed = sorted(p for p in config["expose"] if os.path.lexists(p))
     for path in exposed:  # sorted: a folder before what lies inside it
         _bind(path, root)
@@ -206,6 +211,8 @@ def build_root(root, config, kernel_dir):
     ):
         os.symlink(target, f"{root}/dev/{name}")
     _bind(kernel_dir, root, writable=True)  # last: it lies under /tmp
+    target = root + kernel_dir
+    _mount(None, target, None, MS_REMOUNT | MS_BIND | WRITABLE | _locked_flags(target))
     os.makedirs(root + "/proc", exist_ok=True)
     _mount("proc", root + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
     # Pivot into the new root and detach the old one: nothing outside stays reachable.
@@ -717,6 +724,19 @@ def no_attention_rewrites():
         sys.meta_path.insert(0, _NoAttentionRewrites())
 
 
+def eager_compiles():
+    """``torch.compile`` runs the function it wraps as written (its "force_eager"
+    stance): grading builds no native code, which the jail's ``noexec`` writable
+    folders could not load and the sealed process could not map, and inductor never
+    rewrites an honest answer into PyTorch's attention. A compiled answer gets the same
+    grade as the function it compiles."""
+    import torch
+
+    set_stance = getattr(torch.compiler, "set_stance", None)
+    if set_stance is not None:  # PyTorch 2.6 and later
+        set_stance("force_eager")
+
+
 def preload(guard=None):
     """What every kernel would import: done once here, shared by every fork."""
     import matplotlib
@@ -739,6 +759,7 @@ def preload(guard=None):
         import tqdm.auto  # noqa: F401
     except ImportError:
         pass
+    eager_compiles()
     if guard is not None:
         no_attention_rewrites()
         try:
