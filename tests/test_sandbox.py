@@ -6,7 +6,7 @@ import pytest
 
 from autograder import paths
 from autograder.grading.running.limits import Limits
-from autograder.grading.running.sandbox import Sandbox
+from autograder.grading.running.sandbox import Sandbox, SandboxUnavailable
 from tests.notebooks import memory_hog, run_cells, run_cells_to_end
 
 pytestmark = pytest.mark.slow
@@ -201,3 +201,11 @@ def test_memory_in_any_form_counts_in_the_peak(sandbox, form):
     (out,), end = run_cells_to_end(sandbox, memory_hog(form, 600))
     assert out == "", out
     assert end.peak_mb >= 600 and not end.killed_for_memory_mb, end
+
+
+def test_a_memory_limit_no_kernel_can_start_under_is_refused_with_its_reason():
+    """Under a limit below what PyTorch takes before any cell runs every kernel would die
+    at start, the canary first, with a message about a broken machine: the grader says
+    what is wrong and what limit to use instead."""
+    with pytest.raises(SandboxUnavailable, match=r"--memory-mb \d+ or more"):
+        Sandbox(Limits(memory_mb=512))

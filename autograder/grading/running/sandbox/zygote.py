@@ -769,6 +769,15 @@ def preload(guard=None):
             sys.exit(1)
 
 
+def address_space_kb() -> int:
+    """This process's address space (VmSize), which each kernel forked from it inherits."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmSize:"):
+                return int(line.split()[1])
+    return 0
+
+
 def main(socket_path, config_json):
     config = json.loads(config_json)
     die_with_parent()
@@ -778,9 +787,10 @@ def main(socket_path, config_json):
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.bind(socket_path)
     server.listen(64)
-    # stdout is the grader's pipe: "ready" says the preload is done; then it is closed.
+    # stdout is the grader's pipe: "ready" says the preload is done, with the address
+    # space every kernel starts from (kB, what RLIMIT_AS counts); then it is closed.
     devnull = os.open(os.devnull, os.O_RDWR)
-    print("ready", flush=True)
+    print("ready", address_space_kb(), flush=True)
     os.dup2(devnull, 1)
     os.dup2(devnull, 0)
     first, count = config["kernel_ids"] or (None, 0)
