@@ -233,7 +233,11 @@ def test_the_digest_covers_tests_references_mistakes_and_tolerances_only():
     } <= set(files)
     assert not any(f.startswith("chapters/") for f in files)  # prose changes no grade
     record = json.loads((REPO / release.RECORD).read_text())
-    assert set(record["digests"]) == set(graded_chapters())
+    # a chapter added since the last release has no digest recorded yet: its change-log
+    # entry is checked like any changed one (release.problems), until the next release
+    # records it
+    assert set(record["digests"]) <= set(graded_chapters())
+    assert release.problems(REPO) == []
     assert len({assignment_digest(c) for c in graded_chapters()}) == len(
         graded_chapters()
     )

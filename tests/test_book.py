@@ -48,6 +48,9 @@ PAPERS = {
     "abnar2020quantifying": "Abnar",
     "jain2019attention": "Jain",
     "wiegreffe2019attention": "Wiegreffe",
+    "zhang2019root": "Zhang",
+    "shazeer2020glu": "Shazeer",
+    "holtzman2020curious": "Holtzman",
 }
 
 
