@@ -17,7 +17,7 @@ _CHAPTER_ID = re.compile(r"^(\d\d)_([a-z0-9_]+)$")
 
 
 def chapter_ids() -> list[str]:
-    """Every chapter folder, in order: ``01_bottleneck`` ... ``09_beyond_sequences``."""
+    """Every chapter folder, in order: ``01_bottleneck`` ... ``10_language_model``."""
     return sorted(
         p.name for p in CHAPTERS.iterdir() if p.is_dir() and _CHAPTER_ID.match(p.name)
     )

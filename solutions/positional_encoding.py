@@ -64,16 +64,19 @@ class LearnedPositionalEmbedding(nn.Module):
         return x + self.embedding(positions)  # (..., n, d_model) + (n, d_model)
 
 
-def apply_rope(x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    """Rotate each adjacent pair (x[2i], x[2i+1]) at position m by the angle m * theta_i.
+def apply_rope(
+    x: torch.Tensor, positions: torch.Tensor, theta: float = 10000.0
+) -> torch.Tensor:
+    """Rotate each adjacent pair (x[2i], x[2i+1]) at position m by the angle m * theta_i,
+    theta_i = theta^(-2i / d).
 
     Returns x's dtype; an odd last dimension raises ValueError."""
     d = x.size(-1)
     if d % 2 != 0:
         raise ValueError(f"the last dimension d of x must be even (pairs), got {d}")
     two_i = torch.arange(0, d, 2, dtype=torch.float64, device=x.device)  # (d/2,)
-    theta = 10000.0 ** (-two_i / d)  # (d/2,)
-    angle = positions.to(x.device, torch.float64)[:, None] * theta  # (n, d/2)
+    theta_i = theta ** (-two_i / d)  # (d/2,)
+    angle = positions.to(x.device, torch.float64)[:, None] * theta_i  # (n, d/2)
     cos, sin = torch.cos(angle).to(x.dtype), torch.sin(angle).to(x.dtype)
     x_even, x_odd = x[..., 0::2], x[..., 1::2]  # (..., n, d/2) each
     # the 2-D rotation (x_even, x_odd) -> R(m theta_i) (x_even, x_odd), counterclockwise

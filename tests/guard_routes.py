@@ -43,6 +43,12 @@ def attempt(name, fn):
 attempt("unarmed sdpa", lambda: sdpa(q))
 attempt("unarmed mha fast path", lambda: mha(x3, x3, x3, need_weights=False))
 attempt("unarmed encoder layer", lambda: layer(x3))
+attempt(
+    "unarmed masked softmax",
+    lambda: torch._masked_softmax(
+        q @ q.mT, torch.zeros(5, 5, dtype=torch.bool), None, 0
+    ),
+)
 unarmed = dict(results)
 results.clear()
 
@@ -96,6 +102,12 @@ attempt(
         mha.in_proj_bias,
         mha.out_proj.weight,
         mha.out_proj.bias,
+    ),
+)
+attempt(
+    "torch._masked_softmax",
+    lambda: torch._masked_softmax(
+        q @ q.mT, torch.zeros(5, 5, dtype=torch.bool), None, 0
     ),
 )
 attempt("torch.vmap over sdpa", lambda: torch.vmap(sdpa)(q))

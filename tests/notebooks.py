@@ -85,6 +85,34 @@ def class_course(
     return root
 
 
+def gradebook_entries(root: Path, chapter: str, students) -> dict[str, dict]:
+    """What nbgrader's gradebook in ``root`` holds for each of ``students`` who has a
+    submission of ``chapter``: total, late penalty, timestamp and each graded cell's
+    (name, score, needs manual grade), as nbgrader reads them."""
+    from nbgrader.api import Gradebook, MissingEntry
+
+    from autograder.grading.nbgrader_bridge import COURSE_ID
+
+    found = {}
+    with Gradebook(f"sqlite:///{root / 'gradebook.db'}", COURSE_ID) as gb:
+        for student in students:
+            try:
+                sub = gb.find_submission(chapter, student)
+            except MissingEntry:
+                continue
+            (notebook,) = sub.notebooks
+            found[student] = {
+                "total": sub.score,
+                "penalty": sub.late_submission_penalty,
+                "timestamp": sub.timestamp,
+                "cells": sorted(
+                    (g.name, g.auto_score, g.needs_manual_grade)
+                    for g in notebook.grades
+                ),
+            }
+    return found
+
+
 def grade_cli(*args, timeout=600):
     """``python -m autograder grade ARGS...``, run as an instructor would."""
     return subprocess.run(

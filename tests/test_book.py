@@ -48,6 +48,9 @@ PAPERS = {
     "abnar2020quantifying": "Abnar",
     "jain2019attention": "Jain",
     "wiegreffe2019attention": "Wiegreffe",
+    "zhang2019root": "Zhang",
+    "shazeer2020glu": "Shazeer",
+    "holtzman2020curious": "Holtzman",
 }
 
 
@@ -324,6 +327,7 @@ SEARCHES = {
     "07_relative_position": "ALiBi",
     "08_efficient_attention": "FlashAttention",
     "09_beyond_sequences": "patches",
+    "10_language_model": "SwiGLU",
 }
 WAIT_FOR_RESULTS = """
 for (let i = 0; i < 600; i++) {

@@ -196,6 +196,7 @@ def test_all_chapters_are_listed():
         "07_relative_position",
         "08_efficient_attention",
         "09_beyond_sequences",
+        "10_language_model",
     ]
     assert set(CHAPTERS) <= set(paths.chapter_ids())
 

@@ -12,14 +12,19 @@ import sys
 
 import nbformat
 import pytest
-from nbgrader.api import Gradebook, MissingEntry
+from nbgrader.api import Gradebook
 
 from autograder import paths
 from autograder.grading.nbgrader_bridge import COURSE_ID
 from autograder.grading.recording.autograde import in_shard
 from autograder.grading.recording.provenance import TABLE, assignment_digest, recorded
 from tests.browser import Browser, Site
-from tests.notebooks import class_course, release_notebook, student_notebook
+from tests.notebooks import (
+    class_course,
+    gradebook_entries,
+    release_notebook,
+    student_notebook,
+)
 
 pytestmark = pytest.mark.slow
 CHAPTER = "03_self_attention"
@@ -71,23 +76,8 @@ def _run(cwd, *args, status=0):
 
 
 def _gradebook(root):
-    """What the gradebook holds for each student: total, late penalty, timestamp, and
-    each graded cell's score."""
-    recorded = {}
-    with Gradebook(f"sqlite:///{root / 'gradebook.db'}", COURSE_ID) as gb:
-        for student in SUBMISSIONS:
-            try:
-                sub = gb.find_submission(CHAPTER, student)
-            except MissingEntry:
-                continue
-            (nb,) = sub.notebooks
-            recorded[student] = (
-                sub.score,
-                sub.late_submission_penalty,
-                sub.timestamp,
-                sorted((g.name, g.auto_score, g.needs_manual_grade) for g in nb.grades),
-            )
-    return recorded
+    """What the gradebook holds for each student (``gradebook_entries``)."""
+    return gradebook_entries(root, CHAPTER, SUBMISSIONS)
 
 
 def _feedback_text(root, student):
@@ -133,7 +123,7 @@ def test_parallel_autograde_records_what_serial_nbgrader_records(courses):
     serial, parallel, _, run, _, _ = courses
     expected = _gradebook(serial)
     assert _gradebook(parallel) == expected
-    scores = {s: r[0] for s, r in expected.items()}
+    scores = {s: r["total"] for s, r in expected.items()}
     assert scores == {
         "alice": 10,
         "bob": 0,
@@ -142,7 +132,9 @@ def test_parallel_autograde_records_what_serial_nbgrader_records(courses):
         "frank": 10,
         "gus": 0,
     }
-    assert expected["erin"][1] == 10  # raw score 10, late penalty 10: 0 in the export
+    assert (
+        expected["erin"]["penalty"] == 10
+    )  # raw score 10, late penalty 10: 0 in the export
     assert "NOT AUTOGRADED gus" in run.stdout  # nbgrader could not read it, either way
     for student in set(SUBMISSIONS) - {"gus"}:
         assert _feedback_text(parallel, student) == _feedback_text(serial, student)
@@ -243,7 +235,8 @@ def test_the_summary_prints_scores_as_the_gradebook_records_them(courses):
     """erin handed in a right notebook a day late: the course config's late penalty
     ("zero") takes her 10 points, and the summary says 0, as the gradebook does."""
     serial, _, _, run, merged, _ = courses
-    assert _gradebook(serial)["erin"][:2] == (10, 10)  # graded 10, penalty 10
+    erin = _gradebook(serial)["erin"]
+    assert (erin["total"], erin["penalty"]) == (10, 10)  # graded 10, penalty 10
     for out in (run.stdout, merged.stdout):
         assert "LATE erin: 0/10 recorded (10 graded, late penalty 10)" in out, out
         assert re.search(r"late \(after the due date\) +1\n", out), out

@@ -17,13 +17,16 @@ import time
 
 import nbformat
 import pytest
-from nbgrader.api import Gradebook, MissingEntry
 
 from autograder import paths
-from autograder.grading.nbgrader_bridge import COURSE_ID
 from autograder.grading.recording import completion
 from autograder.grading.recording.stop_points import STOP_AT
-from tests.notebooks import class_course, release_notebook, student_notebook
+from tests.notebooks import (
+    class_course,
+    gradebook_entries,
+    release_notebook,
+    student_notebook,
+)
 
 pytestmark = pytest.mark.slow
 CHAPTER = "03_self_attention"
@@ -101,25 +104,9 @@ def _table(root, sql):
 
 
 def _gradebook(root):
-    """Each student's total, late penalty, timestamp and each graded cell's score (as
-    nbgrader reads them), and how many rows nbgrader's and the grader's tables hold for
-    them."""
-    out = {}
-    with Gradebook(f"sqlite:///{root / 'gradebook.db'}", COURSE_ID) as gb:
-        for student in SUBMISSIONS:
-            try:
-                sub = gb.find_submission(CHAPTER, student)
-            except MissingEntry:
-                continue
-            (nb,) = sub.notebooks
-            out[student] = {
-                "total": sub.score,
-                "penalty": sub.late_submission_penalty,
-                "timestamp": sub.timestamp,
-                "cells": sorted(
-                    (g.name, g.auto_score, g.needs_manual_grade) for g in nb.grades
-                ),
-            }
+    """Each student's gradebook entry (``gradebook_entries``), and how many rows
+    nbgrader's and the grader's tables hold for them."""
+    out = gradebook_entries(root, CHAPTER, SUBMISSIONS)
     for student, entry in out.items():
         for table in ("submitted_assignment", "autograder_provenance"):
             column = "student_id" if table == "submitted_assignment" else "student"

@@ -210,19 +210,20 @@ def test_the_judge_never_raises_on_what_a_result_may_hold():
 def test_the_validator_keeps_what_the_probe_writes_and_bounds_the_rest():
     from autograder.grading.judging import outcomes
 
-    good = [{"value": [torch.ones(2), 3, "s", None]}, {"error": "E", "used": ["mm"]}]
+    good = [{"value": [torch.ones(2), 3, "s", None]}, {"error": "E"}]
     assert outcomes.validated(good, 2)[0]["value"][1] == 3
     assert isinstance(outcomes.validated(good, 3), str)
     assert isinstance(outcomes.validated("passed"), str)
-    (cut,) = outcomes.validated([{"error": "E" * HUGE_ERROR, "used": ["n" * 10**6]}])
+    (cut,) = outcomes.validated([{"error": "E" * HUGE_ERROR}])
     assert len(cut["error"]) == outcomes.MAX_ERROR
-    assert len(cut["used"][0]) == outcomes.MAX_NAME
     for bad in (
         {"value": torch.zeros(1).expand(2**40)},  # 1 element stored, 2**40 seen
         {"value": torch.ones(3).to_sparse()},
         {"value": 10**400},
         {"valu": 1},
         {"value": 1, "error": "both"},
+        {"error": "E", "used": ["a name the old watch wrote"]},
+        {"value": {"k" * (outcomes.MAX_NAME + 1): 1}},
     ):
         (refused,) = outcomes.validated([bad])
         assert set(refused) == {"error"} and outcomes.UNREADABLE in refused["error"]

@@ -266,17 +266,18 @@ def test_memory_held_in_any_form_holds_the_limit(tmp_path):
     the limit: the kernel is killed for memory and its peak says what it held."""
     hogs = [
         write(
-            _with_first_cell(student_notebook(CHAPTER), memory_hog(form, 1200)),
+            _with_first_cell(student_notebook(CHAPTER), memory_hog(form, 1700)),
             tmp_path / f"{form}.ipynb",
         )
         for form in ("sysv", "memfd", "tmpfs")
     ]
-    limits = Limits(memory_mb=1024, disk="2g")
+    # a kernel's address space alone is about 1.1 GB once PyTorch has imported triton
+    limits = Limits(memory_mb=1536, disk="2g")
     results = list(grade_many(hogs, CHAPTER, jobs=2, seed=1, limits=limits))
     for result in results:
         assert result["graded"], result["message"]
-        assert "held more than 1024 MB" in result["message"], result
-        assert result["peak_mb"] >= 1024, result
+        assert "held more than 1536 MB" in result["message"], result
+        assert result["peak_mb"] >= 1536, result
 
 
 FILLER = """

@@ -95,6 +95,32 @@ def test_an_honest_tinkerer_earns_full_marks(graded, chapter):
     assert result["score"] == result["max_score"] > 0
 
 
+def _compiled(source: str) -> str:
+    """An answer, then the same function wrapped in ``torch.compile``."""
+    if "def scaled_dot_product_attention(" not in source:
+        return source
+    return (
+        source + "\n\nimport torch\n"
+        "scaled_dot_product_attention = torch.compile(scaled_dot_product_attention)\n"
+    )
+
+
+@pytest.mark.slow
+def test_an_answer_wrapped_in_torch_compile_earns_full_marks(tmp_path):
+    """Grading compiles nothing: the compiled answer runs as written, in the student's
+    cells and in the sealed tests (inductor would build native code that the jail's
+    noexec folders cannot load: 2/10, with minutes of timeouts, before the jail ran
+    compiled functions eagerly)."""
+    chapter = "03_self_attention"
+    notebook = write(
+        student_notebook(chapter, _compiled), tmp_path / f"{chapter}.ipynb"
+    )
+    (result,) = grade_many([notebook], jobs=1, seed=0)
+    failed = [t for t in result["tests"] if not t["passed"]]
+    assert not failed, failed
+    assert result["score"] == result["max_score"] > 0
+
+
 @pytest.mark.slow
 def test_an_honest_tinkerer_earns_full_marks_through_nbgrader(tmp_path):
     root = tmp_path / "course"

@@ -6,7 +6,7 @@ import pytest
 
 from autograder import paths
 from autograder.grading.running.limits import Limits
-from autograder.grading.running.sandbox import Sandbox
+from autograder.grading.running.sandbox import Sandbox, SandboxUnavailable
 from tests.notebooks import memory_hog, run_cells, run_cells_to_end
 
 pytestmark = pytest.mark.slow
@@ -64,6 +64,67 @@ def test_working_folder_is_private_and_writable(sandbox):
     (second,) = run_cells(sandbox, "import os; print(os.listdir('.'))")
     assert first.strip() == "/submission"
     assert second.strip() == "[]"  # another kernel sees nothing of the first
+
+
+_RUN_WRITTEN = """
+import ctypes, ctypes.util, os, shutil, subprocess
+libm = ctypes.util.find_library("m")
+libm = next(p for p in ("/lib/x86_64-linux-gnu/" + libm, "/usr/lib/x86_64-linux-gnu/" + libm,
+                         "/lib64/" + libm, "/usr/lib64/" + libm) if os.path.exists(p))
+for folder in ("/submission", "/tmp", "/dev/shm", os.path.dirname(os.environ["JPY_CONNECTION"])
+               if "JPY_CONNECTION" in os.environ else "/tmp"):
+    program = shutil.copy("/bin/true", os.path.join(folder, "mine"))
+    os.chmod(program, 0o755)
+    try:
+        subprocess.run([program], check=True)
+        print(folder, "ran a program")
+    except PermissionError:
+        pass
+    library = shutil.copy(libm, os.path.join(folder, "libmine.so"))
+    try:
+        ctypes.CDLL(library)
+        print(folder, "loaded a library")
+    except OSError:
+        pass
+print("done")
+"""
+
+
+def test_what_the_kernel_writes_it_cannot_run(sandbox):
+    """Every writable mount is noexec: a program or library written during grading
+    neither runs nor loads (the kernel's own folder included), while the read-only
+    system's do."""
+    (out,) = run_cells(sandbox, _RUN_WRITTEN)
+    assert out.strip() == "done", out
+    (mounts,) = run_cells(
+        sandbox,
+        "for line in open('/proc/self/mountinfo'):\n"
+        "    fields = line.split()\n"
+        "    point, options = fields[4], fields[5].split(',')\n"
+        "    if 'rw' in options and not point.startswith(('/dev/', '/proc')):\n"
+        "        print(point, 'noexec' in options)",
+    )
+    writable = dict(line.split() for line in mounts.strip().splitlines())
+    assert {"/tmp", "/submission"} <= set(writable), mounts
+    assert set(writable.values()) == {"True"}, mounts
+
+
+def test_torch_compile_runs_the_function_as_written(sandbox):
+    """Grading compiles nothing (the zygote's "force_eager" stance): a compiled function
+    gives the eager result at every shape, at once, with no native code built."""
+    (out,) = run_cells(
+        sandbox,
+        "import time, torch\n"
+        "def f(x):\n"
+        "    return (x @ x.transpose(-2, -1)).softmax(-1) @ x\n"
+        "g = torch.compile(f)\n"
+        "start = time.perf_counter()\n"
+        "for n in (3, 5, 7):\n"
+        "    x = torch.randn(2, n, 4)\n"
+        "    assert torch.equal(g(x), f(x))\n"
+        "print('same', time.perf_counter() - start < 5)",
+    )
+    assert out.strip() == "same True", out
 
 
 def test_memory_limit_raises_instead_of_exhausting_the_machine(sandbox):
@@ -140,3 +201,11 @@ def test_memory_in_any_form_counts_in_the_peak(sandbox, form):
     (out,), end = run_cells_to_end(sandbox, memory_hog(form, 600))
     assert out == "", out
     assert end.peak_mb >= 600 and not end.killed_for_memory_mb, end
+
+
+def test_a_memory_limit_no_kernel_can_start_under_is_refused_with_its_reason():
+    """Under a limit below what PyTorch takes before any cell runs every kernel would die
+    at start, the canary first, with a message about a broken machine: the grader says
+    what is wrong and what limit to use instead."""
+    with pytest.raises(SandboxUnavailable, match=r"--memory-mb \d+ or more"):
+        Sandbox(Limits(memory_mb=512))

@@ -22,6 +22,8 @@ files that differ from a fresh build.
 from __future__ import annotations
 
 import ast
+import base64
+import gzip
 import json
 import os
 import re
@@ -100,6 +102,26 @@ def _inline_course_utils(source: str) -> str:
         if isinstance(node, ast.ImportFrom) and node.module == "course_utils":
             lines[node.lineno - 1 : node.end_lineno] = [header, module, ""]
     return "\n".join(lines)
+
+
+def _shipped_text(chapter: str, name: str) -> str:
+    """The body of a cell that holds a text file shipped beside the chapter (its metadata
+    says ``text_from: NAME``), so that the student notebook stands alone (Colab included)
+    and nothing is downloaded: the book's cell reads the file, the notebook's decodes it.
+    Compressed with a fixed timestamp, so that every build writes the same bytes."""
+    raw = (paths.CHAPTERS / chapter / name).read_bytes()
+    packed = base64.b64encode(gzip.compress(raw, compresslevel=9, mtime=0)).decode()
+    return "\n".join(
+        [
+            f"# {name}, shipped inside this notebook (gzip, then base64): nothing is",
+            "# downloaded. The book reads the same file beside the chapter.",
+            "import base64",
+            "import gzip",
+            "",
+            f'SHIPPED = "{packed}"',
+            "data_bytes = gzip.decompress(base64.b64decode(SHIPPED))",
+        ]
+    )
 
 
 # Pinned distributions whose import name is not their name on PyPI.
@@ -224,6 +246,8 @@ def source_notebook(chapter: str, tests: ChapterTests):
                 new.metadata["mystnb"] = cell.metadata["mystnb"]
         if kept_tags:
             new.metadata["tags"] = kept_tags
+        if cell.cell_type == "code" and "text_from" in cell.metadata:
+            new.source = _shipped_text(chapter, cell.metadata["text_from"])
         if "course-utils" in tags:
             new.source = _inline_course_utils(cell.source)
             new.metadata.update(_nbgrader("course_utils", locked=True))

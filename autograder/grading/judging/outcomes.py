@@ -2,8 +2,8 @@
 
 A hidden test's outcomes come back from the student's kernel, so they hold whatever the
 student's code put there. :func:`validated` accepts only what ``probe.py`` writes (per
-call, ``{"value": ...}`` or ``{"error": "..."}``, plus ``"used"``: the watched names),
-bounded in size. Error messages and names are cut short; a call whose outcome is
+call, ``{"value": ...}`` or ``{"error": "..."}``), bounded in size. Error messages and
+dict keys are cut short; a call whose outcome is
 malformed or too large becomes an error outcome that says so, and a result that is no
 list of outcomes at all becomes one message for the test. The judge then meets nothing
 it cannot handle, whatever the student's code wrote.
@@ -23,8 +23,7 @@ from autograder.grading.sealed.probe import Outcome
 
 MAX_CALLS = 64  # calls of one hidden test (the most any test makes is 8)
 MAX_ERROR = 400  # characters of an error message (the probe's own are at most 400)
-MAX_USED = 64  # names the watch saw in one call
-MAX_NAME = 200  # characters of one such name, or of a dict key in a value
+MAX_NAME = 200  # characters of a dict key in a value
 MAX_STRING = 10_000  # characters of a string value
 MAX_ITEMS = 1_000  # items of one list or dict in a value
 MAX_DEPTH = 6  # nesting of a value (the probe writes at most 5 levels)
@@ -66,21 +65,11 @@ def _checked_outcome(raw, budget: list[int]) -> Outcome:
     if type(raw) is not dict:
         raise _Malformed("an outcome is not a dict")
     keys = set(raw)
-    if not keys <= {"value", "error", "used"} or len(keys & {"value", "error"}) != 1:
+    if keys not in ({"value"}, {"error"}):
         raise _Malformed("an outcome must hold a value or an error, and nothing else")
     if "error" in raw:
-        outcome = {"error": _cut(_string(raw["error"]), MAX_ERROR)}
-    else:
-        outcome = {"value": _value(raw["value"], 0, budget)}
-    if "used" in raw:
-        outcome["used"] = _used(raw["used"])
-    return outcome
-
-
-def _used(raw) -> list[str]:
-    if type(raw) is not list:
-        raise _Malformed("the names the watch saw are not a list")
-    return [_cut(_string(name), MAX_NAME) for name in raw[:MAX_USED]]
+        return {"error": _cut(_string(raw["error"]), MAX_ERROR)}
+    return {"value": _value(raw["value"], 0, budget)}
 
 
 def _value(value, depth: int, budget: list[int]):

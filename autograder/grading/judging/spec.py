@@ -120,6 +120,26 @@ def notebook_function(name: str, **kwargs: Any) -> dict:
     return {"notebook": name, "kwargs": dict(kwargs)}
 
 
+def notebook_module(
+    name: str, *args: Any, state: dict | None = None, **kwargs: Any
+) -> dict:
+    """A module of one of the notebook's own classes as a call argument, built with these
+    arguments and loaded with ``state``: ``generate(notebook_module("TransformerLM", 50,
+    ..., state=weights), prompt, 4)`` calls the student's ``generate`` with a model of the
+    student's ``TransformerLM`` (and the reference's with the reference's)."""
+    return {
+        "notebook": name,
+        "init": [list(args), dict(kwargs)],
+        "state": state,
+    }
+
+
+def seeded_generator(seed: int) -> dict:
+    """A ``torch.Generator`` seeded with ``seed``, as a call argument: the student's call
+    and the reference's draw the same random numbers."""
+    return {"torch.Generator": int(seed)}
+
+
 @dataclass
 class HiddenTest:
     id: str  # unique across the course; also the nbgrader grade_id

@@ -94,7 +94,27 @@ def _describe(exc):
 def _materialise(value, namespace):
     """Plain data to call arguments: ``{"torch.nn": ...}`` entries become PyTorch layers,
     ``{"notebook": name, "kwargs": ...}`` entries the namespace's own function ``name`` with
-    those keyword arguments bound (the student's, or the reference's in the grader)."""
+    those keyword arguments bound (the student's, or the reference's in the grader),
+    ``{"notebook": name, "init": ..., "state": ...}`` a module of the namespace's own class
+    ``name`` with the test's weights, and ``{"torch.Generator": seed}`` a seeded
+    ``torch.Generator``."""
+    if isinstance(value, dict) and "torch.Generator" in value:
+        # a seeded random-number generator: the same draws in the student's call and the
+        # reference's
+        return torch.Generator().manual_seed(int(value["torch.Generator"]))
+    if isinstance(value, dict) and "notebook" in value and "init" in value:
+        # one of the notebook's own classes, built and loaded with the test's weights
+        cls = namespace.get(value["notebook"])
+        if not callable(cls):
+            raise _Missing(
+                f"this test passes a model built from your `{value['notebook']}`, "
+                "but the notebook does not define it"
+            )
+        init_args, init_kwargs = _materialise(value["init"], namespace)
+        module = cls(*init_args, **init_kwargs)
+        if value.get("state") is not None:
+            _load_state(module, value["state"], value["notebook"])
+        return module.eval()
     if isinstance(value, dict) and "notebook" in value:
         function = namespace.get(value["notebook"])
         if not callable(function):

@@ -161,9 +161,14 @@ def _bind(source, root, writable=False):
         )
 
 
-def _tmpfs(target, size, mode="1777"):
+def _tmpfs(target, size, mode="1777", flags=MS_NOSUID | MS_NODEV):
     os.makedirs(target, exist_ok=True)
-    _mount("tmpfs", target, "tmpfs", MS_NOSUID | MS_NODEV, f"size={size},mode={mode}")
+    _mount("tmpfs", target, "tmpfs", flags, f"size={size},mode={mode}")
+
+
+# What the kernel may write it may not run: no program, library or Python extension
+# written during grading loads (``torch.compile`` builds none: ``eager_compiles``).
+WRITABLE = MS_NOSUID | MS_NODEV | MS_NOEXEC
 
 
 def _under(path, parent):
@@ -177,9 +182,9 @@ def build_root(root, config, kernel_dir):
     hidden by it."""
     _mount(None, "/", None, MS_REC | MS_PRIVATE)
     _tmpfs(root, "16m", mode="755")
-    _tmpfs(root + "/tmp", config["disk"])
-    _tmpfs(root + "/dev/shm", config["disk"])
-    _tmpfs(root + "/submission", config["disk"], mode="777")
+    _tmpfs(root + "/tmp", config["disk"], flags=WRITABLE)
+    _tmpfs(root + "/dev/shm", config["disk"], flags=WRITABLE)
+    _tmpfs(root + "/submission", config["disk"], mode="777", flags=WRITABLE)
     exposed = sorted(p for p in config["expose"] if os.path.lexists(p))
     for path in exposed:  # sorted: a folder before what lies inside it
         _bind(path, root)
@@ -206,6 +211,8 @@ def build_root(root, config, kernel_dir):
     ):
         os.symlink(target, f"{root}/dev/{name}")
     _bind(kernel_dir, root, writable=True)  # last: it lies under /tmp
+    target = root + kernel_dir
+    _mount(None, target, None, MS_REMOUNT | MS_BIND | WRITABLE | _locked_flags(target))
     os.makedirs(root + "/proc", exist_ok=True)
     _mount("proc", root + "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
     # Pivot into the new root and detach the old one: nothing outside stays reachable.
@@ -717,6 +724,19 @@ def no_attention_rewrites():
         sys.meta_path.insert(0, _NoAttentionRewrites())
 
 
+def eager_compiles():
+    """``torch.compile`` runs the function it wraps as written (its "force_eager"
+    stance): grading builds no native code, which the jail's ``noexec`` writable
+    folders could not load and the sealed process could not map, and inductor never
+    rewrites an honest answer into PyTorch's attention. A compiled answer gets the same
+    grade as the function it compiles."""
+    import torch
+
+    set_stance = getattr(torch.compiler, "set_stance", None)
+    if set_stance is not None:  # PyTorch 2.6 and later
+        set_stance("force_eager")
+
+
 def preload(guard=None):
     """What every kernel would import: done once here, shared by every fork."""
     import matplotlib
@@ -739,6 +759,7 @@ def preload(guard=None):
         import tqdm.auto  # noqa: F401
     except ImportError:
         pass
+    eager_compiles()
     if guard is not None:
         no_attention_rewrites()
         try:
@@ -746,6 +767,15 @@ def preload(guard=None):
         except Exception as exc:  # noqa: BLE001 (the grader refuses to grade without it)
             print(f"attention guard: could not load {guard}: {exc}", file=sys.stderr)
             sys.exit(1)
+
+
+def address_space_kb() -> int:
+    """This process's address space (VmSize), which each kernel forked from it inherits."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmSize:"):
+                return int(line.split()[1])
+    return 0
 
 
 def main(socket_path, config_json):
@@ -757,9 +787,10 @@ def main(socket_path, config_json):
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.bind(socket_path)
     server.listen(64)
-    # stdout is the grader's pipe: "ready" says the preload is done; then it is closed.
+    # stdout is the grader's pipe: "ready" says the preload is done, with the address
+    # space every kernel starts from (kB, what RLIMIT_AS counts); then it is closed.
     devnull = os.open(os.devnull, os.O_RDWR)
-    print("ready", flush=True)
+    print("ready", address_space_kb(), flush=True)
     os.dup2(devnull, 1)
     os.dup2(devnull, 0)
     first, count = config["kernel_ids"] or (None, 0)

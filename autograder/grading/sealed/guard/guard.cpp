@@ -59,6 +59,11 @@ const char* kGuarded[][2] = {
     {"aten::_transformer_encoder_layer_fwd", "out"},
     {"aten::_transformer_decoder_only_layer_fwd", ""},
     {"aten::_fused_sdp_choice", ""},
+    // the fused masked softmax inside nn.MultiheadAttention's and the encoder's fast paths
+    {"aten::_masked_softmax", ""},
+    {"aten::_masked_softmax", "out"},
+    {"aten::_masked_softmax_backward", ""},
+    {"aten::_masked_softmax_backward", "out"},
 };
 
 // the keys a guard is registered at, where the overload has a kernel of its own there
