@@ -11,7 +11,12 @@ import sys
 import time
 from pathlib import Path
 
-from autograder import paths
+# jsonschema, under nbformat, imports rfc3987-syntax when it is installed (Jupyter's
+# extras install it), which builds an IRI grammar at import: over a second of every
+# command. No notebook schema checks an IRI, so the grammar is never wanted here.
+sys.modules.setdefault("rfc3987_syntax", None)
+
+from autograder import paths  # noqa: E402
 
 
 def _build(args) -> int:
@@ -68,6 +73,7 @@ def _limits(args):
         cell=args.cell_timeout,
         notebook=args.timeout,
         test=args.test_timeout,
+        startup=args.startup_timeout,
         memory_mb=args.memory_mb,
         output_mb=args.output_mb,
         processes=args.processes,
@@ -436,6 +442,8 @@ def _limit_arguments(command) -> None:
         ("--cell-timeout", "cell", float, "seconds per student cell"),
         ("--timeout", "notebook", float, "seconds for all student cells"),
         ("--test-timeout", "test", float, "seconds per hidden test"),
+        ("--startup-timeout", "startup", float, "seconds to start a kernel, and for it to "
+         "start its hidden tests' process"),
         ("--memory-mb", "memory_mb", int, "memory of a submission's processes together, "
          "and address space of each, in MB"),
         ("--output-mb", "output_mb", float, "output a cell may print before it is interrupted"),

@@ -113,6 +113,12 @@ def gradebook_entries(root: Path, chapter: str, students) -> dict[str, dict]:
     return found
 
 
+# Limits for batches of chapter 3 attacks: its hidden tests take milliseconds, so a
+# notebook that keeps the grader waiting (a test process that never starts or never arms
+# its guard) costs seconds, not the defaults' minutes. Honest neighbours keep full marks.
+QUICK_LIMITS = ("--startup-timeout", "20", "--test-timeout", "5")
+
+
 def grade_cli(*args, timeout=600):
     """``python -m autograder grade ARGS...``, run as an instructor would."""
     return subprocess.run(

@@ -15,7 +15,13 @@ import json
 import pytest
 
 from autograder.grading.sealed import guard
-from tests.notebooks import grade_cli, student_notebook, with_extra_cell, write
+from tests.notebooks import (
+    QUICK_LIMITS,
+    grade_cli,
+    student_notebook,
+    with_extra_cell,
+    write,
+)
 
 pytestmark = pytest.mark.slow
 CHAPTER = "03_self_attention"
@@ -255,7 +261,7 @@ def graded(tmp_path_factory):
     notebooks = _notebooks(tmp_path_factory.mktemp("guarded"))
     run = grade_cli(
         *notebooks.values(), "--assignment", CHAPTER, "--json", "--jobs", "2",
-        "--seed", "13", timeout=1800,
+        "--seed", "13", *QUICK_LIMITS, timeout=1800,
     )  # fmt: skip
     results = dict(
         zip(notebooks, map(json.loads, run.stdout.splitlines()), strict=True)

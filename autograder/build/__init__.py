@@ -31,6 +31,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import jupytext
@@ -342,26 +343,49 @@ def build(
 
     Each chapter is generated in a scratch course root first (nbgrader's --force empties
     the release folder before it writes), and its notebooks replace the ones in ``root``
-    only once both exist: a build that fails leaves every derived file as it was."""
+    only once both exist: a build that fails leaves every derived file of the failing
+    chapter as it was. nbgrader runs for several chapters at once (one process each,
+    a process per core), since each spends seconds on one core."""
     written = []
-    for chapter in chapters or graded_chapters():
-        if refresh_sources and stub_copies.refresh(chapter):
-            written.append(paths.chapter_source(chapter))
-        tests = load_chapter_tests(chapter)
-        with tempfile.TemporaryDirectory() as tmp:
-            scratch = Path(tmp)
-            shutil.copy(paths.COURSE_ROOT / "nbgrader_config.py", scratch)
-            _write(
-                source_notebook(chapter, tests), paths.nbgrader_source(chapter, scratch)
-            )
-            generate_release(chapter, scratch)
+    chapters = chapters or graded_chapters()
+    with tempfile.TemporaryDirectory() as tmp:
+        scratch = {}
+        for chapter in chapters:
+            if refresh_sources and stub_copies.refresh(chapter):
+                written.append(paths.chapter_source(chapter))
+            scratch[chapter] = Path(tmp) / chapter
+            scratch[chapter].mkdir()
+            shutil.copy(paths.COURSE_ROOT / "nbgrader_config.py", scratch[chapter])
+            source = source_notebook(chapter, load_chapter_tests(chapter))
+            _write(source, paths.nbgrader_source(chapter, scratch[chapter]))
+        workers = max(1, min(len(chapters), os.cpu_count() or 1))
+        with ThreadPoolExecutor(workers) as pool:
+            failures = pool.map(_generate_or_error, chapters, scratch.values())
+            failures = [f for f in failures if f is not None]
+        failed = {f.chapter for f in failures}
+        for chapter in chapters:
+            if chapter in failed:
+                continue
             for where in (paths.nbgrader_source, paths.release_notebook):
                 target = where(chapter, root)
                 target.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(where(chapter, scratch), target.with_suffix(".part"))
+                shutil.copyfile(
+                    where(chapter, scratch[chapter]), target.with_suffix(".part")
+                )
                 os.replace(target.with_suffix(".part"), target)
                 written.append(target)
+    if failures:
+        raise failures[0]
     return written
+
+
+def _generate_or_error(chapter: str, scratch: Path) -> BuildError | None:
+    try:
+        generate_release(chapter, scratch)
+    except BuildError as error:
+        error.chapter = chapter
+        return error
+    return None
 
 
 def _content(path: Path):
