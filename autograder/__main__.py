@@ -616,7 +616,7 @@ def main(argv=None) -> int:
         command.add_argument(
             "--course-dir",
             type=Path,
-            help="the nbgrader course root (default: this course's autograder/)",
+            help="the nbgrader course root (default: this course's autograder/course/)",
         )
     autograde.set_defaults(run=_autograde)
     merge.set_defaults(run=_merge)

@@ -784,7 +784,7 @@ def summary(
 
 
 def course_root(path: Path | None) -> Path:
-    """The nbgrader course root: the one given, else this course's ``autograder/``."""
+    """The nbgrader course root: the one given, else this course's ``autograder/course/``."""
     root = (path or COURSE_ROOT).resolve()
     if not (root / "nbgrader_config.py").is_file():
         raise SystemExit(
