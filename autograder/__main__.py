@@ -604,7 +604,7 @@ def main(argv=None) -> int:
     class_report.add_argument(
         "--names",
         action="store_true",
-        help="name the students (their ids); by default each is 'student N'",
+        help="name the students (their ids), in <name>-named.html and .csv; by default each is 'student N'",
     )
     class_report.add_argument(
         "--out",

@@ -78,7 +78,7 @@ def course(tmp_path_factory):
         paths.REPO, "-m", "autograder", "autograde", CHAPTER, "--jobs", "2",
         "--seed", "7", "--cell-timeout", "10", "--course-dir", str(root), status=1,
     )  # fmt: skip
-    for args in ([CHAPTER], [CHAPTER, "--names", "--out", str(root / "named")], []):
+    for args in ([CHAPTER], [CHAPTER, "--names"], []):
         _run(paths.REPO, "-m", "autograder", "report", *args, "--course-dir", str(root))
     return root
 
@@ -179,7 +179,7 @@ def test_the_csv_holds_the_pages_numbers_and_hides_names(course):
     ]
     assert len(unscaled) == 2
     assert all(r["student"].startswith("student ") for r in rows)
-    named = list(csv.DictReader(open(course / "named" / f"{CHAPTER}.csv")))
+    named = list(csv.DictReader(open(course / "reports" / f"{CHAPTER}-named.csv")))
     assert {r["student"] for r in named} == set(SUBMISSIONS) - {"gus"}
 
 
@@ -187,9 +187,12 @@ def test_the_csv_holds_the_pages_numbers_and_hides_names(course):
 def test_names_are_shown_only_when_asked(course):
     hidden = (course / "reports" / f"{CHAPTER}.html").read_text()
     hidden += (course / "reports" / "class.html").read_text()
-    named = (course / "named" / f"{CHAPTER}.html").read_text()
+    named = (course / "reports" / f"{CHAPTER}-named.html").read_text()
     for student in SUBMISSIONS:
         assert student not in hidden
+    # no path of the grading machine on the page that can be shared
+    assert str(course) not in hidden and str(paths.REPO) not in hidden
+    assert "/tmp" not in hidden and "/home" not in hidden
     for student in set(SUBMISSIONS) - {"alice"}:  # full marks: in no list to name
         assert student in named  # the test of the test: the same check finds them
 

@@ -16,8 +16,9 @@ def report(
     names: bool,
     class_wide: bool = False,
 ):
-    """Write the report of ``assignments`` to ``out/<stem>.html`` and ``.csv`` (the
-    class-wide form: with a heat map of students by exercises); return their paths."""
+    """Write the report of ``assignments`` to ``out/<stem>.html`` and ``.csv``
+    (``<stem>-named`` with the students' ids; the class-wide form: with a heat map of
+    students by exercises); return their paths."""
     from autograder.report import data, page
 
     course = data.read_course(db, assignments)

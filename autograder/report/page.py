@@ -166,10 +166,12 @@ def write(
     show_names: bool,
     class_wide: bool,
 ) -> tuple[Path, Path]:
-    """Write ``out/<stem>.html`` and ``out/<stem>.csv``; return their paths. The
+    """Write ``out/<stem>.html`` and ``out/<stem>.csv`` (``<stem>-named`` with the
+    students' ids, never over the page that can be shared); return their paths. The
     class-wide form adds the heat map of students by exercises."""
     names = Names(_everyone(course), show_names)
     out.mkdir(parents=True, exist_ok=True)
+    stem = f"{stem}-named" if show_names else stem
     html_path, csv_path = out / f"{stem}.html", out / f"{stem}.csv"
     env = jinja2.Environment(autoescape=True, undefined=jinja2.StrictUndefined)
     env.filters["num"] = _num
@@ -181,7 +183,7 @@ def write(
     )
     page = env.from_string(TEMPLATE.read_text()).render(
         title=title,
-        gradebook=str(gradebook),
+        gradebook=gradebook.name,  # no path of the grading machine on a shared page
         generated=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
         names=show_names,
         csv_name=csv_path.name,
