@@ -267,6 +267,15 @@ def test_no_sqlalchemy_warning_reads_like_an_error(courses):
         assert "SAWarning" not in log and "not in session" not in log, log[-3000:]
 
 
+def test_the_feedback_step_warns_of_no_option(courses):
+    """nbconvert sets ``display_data_priority`` for every class it configures, and
+    nbgrader's ``ClearHiddenTests`` does not take it as an option: the feedback step
+    warned "Config option `display_data_priority` not recognized" for every page."""
+    *_, run, _, _ = courses
+    assert "GenerateFeedbackApp" in run.stderr  # the test of the test: its log is here
+    assert "not recognized" not in run.stderr, run.stderr[-3000:]
+
+
 # Measures the verdict that names carol's mistake at 1280 px: the <pre> holding it and
 # its output box must not scroll sideways, and its right edge must lie in the window;
 # the score in the page's heading too. Then the same without the course's CSS (the test

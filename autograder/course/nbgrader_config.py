@@ -21,7 +21,6 @@ from nbconvert.preprocessors import CSSHTMLHeaderPreprocessor
 from nbgrader.preprocessors import (
     AssignLatePenalties,
     CheckCellMetadata,
-    ClearHiddenTests,
     ClearOutput,
     DeduplicateIds,
     GetGrades,
@@ -56,7 +55,10 @@ try:
         prove_sandbox,
         recorded_hook,
     )
-    from autograder.grading.recording.safe_feedback import FeedbackExporter
+    from autograder.grading.recording.safe_feedback import (
+        FeedbackClearHiddenTests,
+        FeedbackExporter,
+    )
     from autograder.grading.recording.validate_settings import configure_validate
 except Exception as exc:  # noqa: BLE001
     # nbgrader logs a config file's errors and goes on with its defaults, which would run
@@ -131,6 +133,6 @@ configure_validate(c)
 c.GenerateFeedback.exporter_class = FeedbackExporter
 c.GenerateFeedback.preprocessors = [
     GetGrades,
-    ClearHiddenTests,
+    FeedbackClearHiddenTests,
     CSSHTMLHeaderPreprocessor,
 ]

@@ -20,7 +20,8 @@ from urllib.parse import urlsplit
 import bleach
 from jinja2 import pass_context
 from nbconvert.exporters import HTMLExporter
-from traitlets import default
+from nbgrader.preprocessors import ClearHiddenTests
+from traitlets import List, default
 
 from autograder.grading.recording.feedback_page import with_course_head
 
@@ -82,3 +83,16 @@ class FeedbackExporter(HTMLExporter):
         html, resources = super().from_notebook_node(nb, resources, **kw)
         cdn_mathjax = self.environment.get_template("mathjax.html.j2").module.mathjax()
         return with_course_head(html, str(cdn_mathjax)), resources
+
+
+class FeedbackClearHiddenTests(ClearHiddenTests):
+    """nbgrader's ``ClearHiddenTests``, quiet in the feedback step. The exporter configures
+    ``display_data_priority`` for every nbconvert class, and nbgrader's base preprocessor
+    redeclares it as no option, so traitlets warned "Config option
+    `display_data_priority` not recognized" for every page, which reads like an error.
+    The same trait as an option (as nbgrader's own ``GetGrades`` declares it) takes the
+    setting in silence; this step shows no outputs by it."""
+
+    display_data_priority = List(
+        ClearHiddenTests.display_data_priority.default_value, config=True
+    )
