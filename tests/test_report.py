@@ -48,6 +48,9 @@ def scaled_dot_product_attention(q, k, v, mask=None):
 """
 
 
+ROSTER_ONLY = "ivy"
+
+
 def _planted(old, new):
     """A submission with one known mistake planted in the reference answers."""
     return lambda: student_notebook(CHAPTER, lambda source: source.replace(old, new))
@@ -74,6 +77,8 @@ def course(tmp_path_factory):
     root = class_course(
         tmp_path_factory.mktemp("report") / "course", CHAPTER, SUBMISSIONS
     )
+    # ivy is on the roster and submitted nothing
+    _run(root, "-m", "nbgrader", "db", "student", "add", ROSTER_ONLY)
     _run(
         paths.REPO, "-m", "autograder", "autograde", CHAPTER, "--jobs", "2",
         "--seed", "7", "--cell-timeout", "10", "--course-dir", str(root), status=1,
@@ -104,12 +109,20 @@ def test_the_report_counts_what_the_class_did(course):
     )
     assert mistakes["padding_mask", "inverted"] == ["erin"]
     assert {s for f in a.mistakes for s in f.students} == {"carol", "dave", "erin"}
-    # the untouched notebook matches no known mistake: one group per exercise
-    unmatched = {f.exercise: f for f in a.unmatched}
-    assert set(unmatched) == {SDPA, "causal_mask", "padding_mask", "SelfAttention"}
-    assert len(a.unmatched) == 4  # the same failure on several cases: one group
-    for f in unmatched.values():
-        assert f.students == ["bob"] and "NotImplementedError" in f.detail
+    # the untouched notebook is no mistake: bob did not attempt any exercise, and is
+    # kept out of the mistakes and of the candidates for a new known mistake
+    exercises = {SDPA, "causal_mask", "padding_mask", "SelfAttention"}
+    assert a.not_attempted == dict.fromkeys(exercises, ["bob"])
+    assert a.unmatched == [] and a.no_result == {}
+    # the class as it is: the roster, who submitted and who did not
+    assert a.roster == sorted([*SUBMISSIONS, ROSTER_ONLY])
+    assert a.submitted == sorted(SUBMISSIONS) and a.not_submitted == [ROSTER_ONLY]
+    # the mean nbgrader export gives: everyone on the roster, gus and ivy as 0
+    assert a.export_mean == pytest.approx(sum(scores.values()) / 9)
+    # each hidden test's pass rate, of the 7 students with a grade
+    passed = {t["test"]: t["passed"] for t in a.tests}
+    assert set(passed) == {t.id for t in load_chapter_tests(CHAPTER).tests}
+    assert passed["causal_mask_values"] == 6  # all but bob
     # frank's call of PyTorch's attention was refused by the guard, not a wrong answer
     assert {(r["student"], r["exercise"]) for r in a.refusals} == {
         ("frank", SDPA),
@@ -178,6 +191,9 @@ def test_the_csv_holds_the_pages_numbers_and_hides_names(course):
         r for r in rows if r["exercise"] == SDPA and "unscaled" in r["mistakes"]
     ]
     assert len(unscaled) == 2
+    apart = {(r["student"], r["exercise"]) for r in rows if r["set_apart"]}
+    assert len(apart) == 4  # bob's four exercises, not attempted
+    assert all(r["set_apart"] in ("", "not attempted") for r in rows)
     assert all(r["student"].startswith("student ") for r in rows)
     named = list(csv.DictReader(open(course / "reports" / f"{CHAPTER}-named.csv")))
     assert {r["student"] for r in named} == set(SUBMISSIONS) - {"gus"}

@@ -54,6 +54,21 @@ class Assignment:
     hand_changed: int = 0  # verdicts whose gradebook score was changed by hand since
     # submissions flagged for review ({student, flags}; ``delegation.flags``): no points
     for_review: list[dict] = field(default_factory=list)
+    roster: list[str] = field(default_factory=list)  # every student in the gradebook
+    submitted: list[str] = field(default_factory=list)  # those with a submission
+    # per exercise, the students who did not attempt it (its stub untouched) and those
+    # whose tests got no result (a time limit, a crash): kept out of the mistakes
+    not_attempted: dict[str, list[str]] = field(default_factory=dict)
+    no_result: dict[str, list[str]] = field(default_factory=dict)
+    # each hidden test: {test, exercise, points, passed (students with its full points)}
+    tests: list[dict] = field(default_factory=list)
+    # the mean nbgrader export's CSV gives: every roster student, late penalties taken
+    # off, no submission counting 0
+    export_mean: float | None = None
+
+    @property
+    def not_submitted(self) -> list[str]:
+        return sorted(set(self.roster) - set(self.submitted))
 
     @property
     def max_score(self) -> float:
@@ -124,6 +139,26 @@ def _gradebook_rows(db: Path, assignment: str):
     return [s for (s,) in submitted], [tuple(g) for g in grades]
 
 
+def _roster_and_export(db: Path, assignment: str) -> tuple[list[str], float | None]:
+    """Every student in the gradebook, and the mean of the scores ``nbgrader export``
+    writes for them (its rule: no submission is 0, the late penalty is taken off)."""
+    from nbgrader.api import Gradebook, MissingEntry
+
+    from autograder.grading.nbgrader_bridge import COURSE_ID
+
+    with Gradebook(f"sqlite:///{db}", COURSE_ID) as gb:
+        roster = sorted(s.id for s in gb.students)
+        scores = []
+        for student in roster:
+            try:
+                sub = gb.find_submission(assignment, student)
+            except MissingEntry:
+                scores.append(0.0)
+                continue
+            scores.append(max(0.0, sub.score - sub.late_submission_penalty))
+    return roster, (sum(scores) / len(scores) if scores else None)
+
+
 def assignments_in(db: Path) -> list[str]:
     """The assignments that have submissions in the gradebook, in course order."""
     from nbgrader.api import Gradebook
@@ -134,6 +169,22 @@ def assignments_in(db: Path) -> list[str]:
     with Gradebook(f"sqlite:///{db}", COURSE_ID) as gb:
         used = {a.name for a in gb.assignments if a.num_submissions}
     return [c for c in graded_chapters() if c in used]
+
+
+NOT_ATTEMPTED = (
+    "not implemented yet"  # the probe's message for a stub that still raises
+)
+NO_RESULT = "no result:"  # grade.py's and the judge's: a time limit, a crash
+
+
+def _set_aside(message: str) -> str | None:
+    """Why a failure says nothing about how the student understood the exercise: a stub
+    never filled in, or a test that got no result. None for a real failure."""
+    if NOT_ATTEMPTED in message:
+        return "not_attempted"
+    if message.startswith(NO_RESULT):
+        return "no_result"
+    return None
 
 
 _NUMBER = re.compile(r"\d+(?:\.\d+)?(?:e[-+]?\d+)?")
@@ -202,22 +253,28 @@ def read_assignment(db: Path, name: str) -> Assignment:
     points: dict[str, float] = defaultdict(float)
     for t in tests.tests:
         points[t.exercise] += t.points
-    students, max_points, cell_score = _scores(
-        *_gradebook_rows(db, name), exercise_of, points
-    )
+    submitted, grades = _gradebook_rows(db, name)
+    students, max_points, cell_score = _scores(submitted, grades, exercise_of, points)
     attempts, verdicts = verdict_record.read(db, name)
     graded = {s.id for s in students}
     mistakes: dict[tuple, set] = defaultdict(set)
     unmatched: dict[tuple, set] = defaultdict(set)
     example: dict[tuple, str] = {}
     refusals, hand_changed = [], 0
+    set_aside: dict[str, dict[str, set]] = {
+        "not_attempted": defaultdict(set),
+        "no_result": defaultdict(set),
+    }
     for v in verdicts:
         if v["student"] not in graded:
             continue
         exercise = exercise_of.get(v["test"], v["test"])
         recorded = cell_score.get((v["student"], v["test"]))
         hand_changed += recorded is not None and recorded != v["score"]
-        if v["refused"]:
+        why = None if v["passed"] else _set_aside(v["message"] or "")
+        if why is not None:  # no mistake to learn from: counted apart
+            set_aside[why][exercise].add(v["student"])
+        elif v["refused"]:
             refusals.append(
                 {"student": v["student"], "exercise": exercise, "test": v["test"],
                  "route": v["refused"]}
@@ -236,6 +293,12 @@ def read_assignment(db: Path, name: str) -> Assignment:
     ]  # fmt: skip
     known = {(m.exercise, m.name): m for m in tests.mistakes}
     order = {e: i for i, e in enumerate(tests.exercises)}
+    roster, export_mean = _roster_and_export(db, name)
+    per_test = [
+        {"test": t.id, "exercise": t.exercise, "points": t.points,
+         "passed": sum(cell_score.get((s.id, t.id), 0.0) >= t.points for s in students)}
+        for t in tests.tests
+    ]  # fmt: skip
     return Assignment(
         name=name,
         exercises=sorted(
@@ -251,6 +314,12 @@ def read_assignment(db: Path, name: str) -> Assignment:
         to_grade_again=to_grade_again,
         hand_changed=hand_changed,
         for_review=_for_review(db, name, graded),
+        roster=roster,
+        submitted=sorted(submitted),
+        not_attempted={e: sorted(s) for e, s in set_aside["not_attempted"].items()},
+        no_result={e: sorted(s) for e, s in set_aside["no_result"].items()},
+        tests=per_test,
+        export_mean=export_mean,
     )
 
 

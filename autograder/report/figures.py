@@ -28,26 +28,37 @@ def _png(fig: Figure) -> str:
 
 
 def score_counts(scores: list[float], top: float) -> list[tuple[float, int]]:
-    """How many students got each score, from 0 to ``top`` (scores nobody got: 0)."""
-    counts = Counter(scores)
-    values = sorted(set(counts) | {0.0, float(top)})
+    """How many students got each score: every whole score from 0 to ``top`` (the ones
+    nobody got too: 0) and any other score someone got."""
+    counts = Counter(float(s) for s in scores)
+    whole = range(int(top) + 1) if top <= 200 else (0, top)
+    values = sorted(set(counts) | {float(v) for v in whole} | {float(top)})
     return [(v, counts.get(v, 0)) for v in values]
 
 
 def histogram(scores: list[float], top: float, what: str) -> Plot:
+    """Bars on a real axis of scores, so that a range nobody scored in shows as a gap."""
     counts = score_counts(scores, top)
-    fig = Figure(figsize=(4.2, 2.4))
+    fig = Figure(figsize=(max(4.2, 0.22 * len(counts)), 2.4))
     ax = fig.add_subplot()
-    labels = [f"{v:g}" for v, _ in counts]
-    bars = ax.bar(labels, [n for _, n in counts], color="#1f5f8b")
-    ax.bar_label(bars, padding=1)
+    values = [v for v, _ in counts]
+    gaps = [b - a for a, b in zip(values, values[1:], strict=False)]
+    width = 0.8 * min(gaps, default=1.0)
+    bars = ax.bar(values, [n for _, n in counts], width=width, color="#1f5f8b")
+    ax.bar_label(bars, labels=[str(n) if n else "" for _, n in counts], padding=1)
+    ax.set_xlim(-width, top + width)
+    if top <= 30:
+        ax.set_xticks(range(int(top) + 1))
     ax.set_xlabel(f"score (out of {top:g})")
     ax.set_ylabel("students")
     ax.set_title(what, fontsize=10)
     ax.margins(y=0.2)
     ax.spines[["top", "right"]].set_visible(False)
-    said = "; ".join(f"{n} scored {v:g}" for v, n in counts)
-    alt = f"Bar chart of {what} out of {top:g}, for {len(scores)} students: {said}."
+    said = "; ".join(f"{n} scored {v:g}" for v, n in counts if n) or "no scores"
+    alt = (
+        f"Bar chart of {what} on a scale from 0 to {top:g}, for {len(scores)} "
+        f"students: {said}; no one else."
+    )
     return Plot(_png(fig), alt)
 
 

@@ -43,9 +43,25 @@ def _everyone(course: Course) -> set[str]:
         ids |= {t["student"] for t in a.to_grade_again}
         ids |= {r["student"] for r in a.refusals}
         ids |= {r["student"] for r in a.for_review}
+        ids |= set(a.roster)
         for f in a.mistakes + a.unmatched:
             ids |= set(f.students)
     return ids
+
+
+def _spread(scores: list[float]) -> dict:
+    """Median, quartiles and standard deviation, as the page prints them."""
+    if not scores:
+        return {"median": "none", "quartiles": "none", "sd": "none"}
+    if len(scores) == 1:
+        q1 = q3 = scores[0]
+    else:
+        q1, _, q3 = statistics.quantiles(scores, n=4, method="inclusive")
+    return {
+        "median": f"{statistics.median(scores):g}",
+        "quartiles": f"{q1:g} and {q3:g}",
+        "sd": f"{statistics.pstdev(scores):.2f}",
+    }
 
 
 def _assignment_view(a: Assignment) -> dict:
@@ -59,6 +75,9 @@ def _assignment_view(a: Assignment) -> dict:
                 "name": name,
                 "top": top,
                 "lost": a.lost_by(name),
+                "not_attempted": a.not_attempted.get(name, []),
+                "no_result": a.no_result.get(name, []),
+                "tests": [t for t in a.tests if t["exercise"] == name],
                 "mean": f"{statistics.fmean(scores):.2f}" if scores else "none",
                 "counts": figures.score_counts(scores, top),
                 "plot": figures.histogram(scores, top, f"scores on {name}"),
@@ -71,6 +90,12 @@ def _assignment_view(a: Assignment) -> dict:
         "students": a.students,
         "max_score": a.max_score,
         "mean": f"{statistics.fmean(totals):.2f}" if totals else "none",
+        **_spread(totals),
+        "roster": a.roster,
+        "submitted": a.submitted,
+        "not_submitted": a.not_submitted,
+        "export_mean": "none" if a.export_mean is None else f"{a.export_mean:.2f}",
+        "refused_students": sorted({r["student"] for r in a.refusals}),
         "full": sum(t == a.max_score for t in totals),
         "zero": sum(t == 0 for t in totals),
         "total_plot": figures.histogram(
@@ -127,6 +152,7 @@ def csv_rows(course: Course, names: Names) -> list[list]:
             "max_score",
             "mistakes",
             "refused",
+            "set_apart",
         ]
     ]
     for a in course.assignments:
@@ -140,9 +166,18 @@ def csv_rows(course: Course, names: Names) -> list[list]:
                     for r in a.refusals
                     if r["exercise"] == e and r["student"] == s.id
                 ]
+                apart = [
+                    why
+                    for why, who in (
+                        ("not attempted", a.not_attempted.get(e, [])),
+                        ("no result", a.no_result.get(e, [])),
+                    )
+                    if s.id in who
+                ]
                 rows.append(
                     [a.name, names(s.id), e, _num(s.by_exercise.get(e, 0.0)),
-                     _num(a.max_points[e]), "; ".join(mistakes), "; ".join(refused)]
+                     _num(a.max_points[e]), "; ".join(mistakes), "; ".join(refused),
+                     "; ".join(apart)]
                 )  # fmt: skip
             rows.append(
                 [
@@ -151,6 +186,7 @@ def csv_rows(course: Course, names: Names) -> list[list]:
                     "(total)",
                     _num(s.score),
                     _num(a.max_score),
+                    "",
                     "",
                     "",
                 ]
