@@ -79,10 +79,12 @@ def course(tmp_path_factory):
     )
     # ivy is on the roster and submitted nothing
     _run(root, "-m", "nbgrader", "db", "student", "add", ROSTER_ONLY)
-    _run(
+    # hank's loop waits out its cell's 14 s: longer than the progress line's "runs long"
+    run = _run(
         paths.REPO, "-m", "autograder", "autograde", CHAPTER, "--jobs", "2",
-        "--seed", "7", "--cell-timeout", "10", "--course-dir", str(root), status=1,
+        "--seed", "7", "--cell-timeout", "14", "--course-dir", str(root), status=1,
     )  # fmt: skip
+    (root / "autograde.log").write_text(run.stderr)
     for args in ([CHAPTER], [CHAPTER, "--names"], []):
         _run(paths.REPO, "-m", "autograder", "report", *args, "--course-dir", str(root))
     return root
@@ -152,6 +154,13 @@ def test_the_report_counts_what_the_class_did(course):
     )
     assert a.hardest_first()[0] == SDPA  # lost by bob, carol, dave, frank
     assert a.lost_by(SDPA) == 4 and a.lost_by("causal_mask") == 1
+
+
+@pytest.mark.slow
+def test_the_progress_line_names_a_submission_that_runs_long(course):
+    log = (course / "autograde.log").read_text()
+    assert re.search(r"running long=hank 1\d s, full=", log), log[-2000:]
+    assert "running long=alice" not in log  # seconds: never long
 
 
 @pytest.mark.slow

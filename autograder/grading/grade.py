@@ -423,12 +423,13 @@ def grade_many(
     sandboxed: bool = True,
     on_result: Callable[[dict], None] | None = None,
     timings: dict | None = None,
+    on_start: Callable[[Path], None] | None = None,
 ) -> Iterator[dict]:
     """Grade notebooks ``jobs`` at a time, each in a fresh kernel forked from one warm
     sandbox, after proving the sandbox on a canary; yields results in the order of
     ``paths``. A notebook whose run a grader fault spoiled is graded again once, alone,
     after the others. ``on_result`` is called with each result as it is made (a
-    progress bar). ``timings`` (if given) gets ``start``: the seconds before the first
+    progress bar), ``on_start`` with each path as a worker takes it up. ``timings`` (if given) gets ``start``: the seconds before the first
     notebook starts (the references loaded, the sandbox started and proven). Raises
     ``SandboxUnavailable`` (nothing graded) when the canary fails."""
     from autograder.grading.running.preflight import prove
@@ -448,13 +449,14 @@ def grade_many(
         batch = Batch(sandbox, seed, limits)
         if timings is not None:
             timings["start"] = time.perf_counter() - started
+
+        def graded(path):
+            if on_start is not None:
+                on_start(path)
+            return grade_notebook(path, assignment, seed, limits, sandbox, False, batch)
+
         with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-            futures = {
-                pool.submit(
-                    grade_notebook, p, assignment, seed, limits, sandbox, False, batch
-                ): i
-                for i, p in enumerate(paths)
-            }
+            futures = {pool.submit(graded, p): i for i, p in enumerate(paths)}
             results = [None] * len(paths)
             reported = set()
             try:

@@ -36,6 +36,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 import zlib
@@ -44,6 +45,11 @@ from pathlib import Path
 
 from autograder.grading.running.limits import Limits
 from autograder.paths import COURSE_ROOT, env_with_repo_on_path
+
+# The progress bar names the submission running longest once it has run this long (a
+# chapter's notebook takes seconds), and is redrawn this often while nothing finishes.
+RUNS_LONG_SECONDS = 10.0
+WATCH_SECONDS = 2.0
 
 
 def in_shard(student: str, shard: int, shards: int) -> bool:
@@ -224,11 +230,29 @@ def grade_class(
         disable=not progress, file=sys.stderr,
     )  # fmt: skip
     so_far = dict.fromkeys(("full", "zero", "problems", "not graded"), 0)
+    running: dict[str, float] = {}  # student -> when a worker took the notebook up
+
+    def show() -> None:
+        """The counts, and the submission running longest once it runs long (a loop
+        waiting out its time limit, say): the instructor sees who holds a worker."""
+        postfix = {}
+        now = time.monotonic()
+        if running:
+            student, since = min(running.items(), key=lambda item: item[1])
+            if now - since >= RUNS_LONG_SECONDS:
+                postfix["running long"] = f"{student} {now - since:.0f} s"
+        bar.set_postfix({**postfix, **so_far}, refresh=True)
+
+    def started_one(path: Path) -> None:
+        student = by_path.get(str(path))
+        if student is not None:
+            running[student] = time.monotonic()
 
     def graded_one(result: dict) -> None:
         """Kept at once; the bar shows how the class is doing while it runs, not only
         how far it is."""
         student = by_path.get(result.get("notebook"))
+        running.pop(student, None)
         if student is not None:
             _annotate(result, student, notebooks[student], assignment, limits)
             if journal is not None:
@@ -237,17 +261,27 @@ def grade_class(
                     stop_point("graded", str(journal.written))
         for kind, counts in _kinds(result).items():
             so_far[kind] += counts
-        bar.set_postfix(so_far, refresh=False)
         bar.update()
+        show()
 
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.wait(WATCH_SECONDS):
+            show()
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    if progress:
+        watcher.start()
     try:
         results = list(
             grade_many(
                 [notebooks[s] for s in students], assignment, jobs, seed, limits,
-                on_result=graded_one, timings=timings,
+                on_result=graded_one, timings=timings, on_start=started_one,
             )
         )  # fmt: skip
     finally:
+        done.set()
         bar.close()
     for student, result in zip(students, results, strict=True):
         if "result_id" not in result:
