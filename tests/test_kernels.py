@@ -441,3 +441,30 @@ def test_wrong_kernels_outside_the_catalogue_fail(slip, failing):
         tests, {"flash_attention_triton": _independent_forward(**slip)}, 0, selected
     )
     assert {k for k, v in results.items() if not v.passed} == failing
+
+
+def test_without_triton_chapter_11_is_not_graded_and_the_grader_says_why(tmp_path):
+    """macOS and Windows have no Triton: there the grader grades nothing of chapter 11
+    (``graded: False``, never a zero) and says why, with --assignment and without."""
+    import json
+
+    from tests.notebooks import release_notebook, write
+
+    notebook = write(release_notebook("11_kernels"), tmp_path / "11_kernels.ipynb")
+    results = []
+    for extra in (["--assignment", "11_kernels"], []):
+        code = (
+            "import sys\n"
+            "sys.modules['triton'] = None  # as on a machine without Triton\n"
+            "from autograder.__main__ import main\n"
+            f"sys.exit(main(['grade', {str(notebook)!r}, '--json', *{extra!r}]))\n"
+        )
+        run = subprocess.run(
+            [sys.executable, "-c", code], cwd=paths.REPO, capture_output=True,
+            text=True, timeout=300,
+        )  # fmt: skip
+        assert run.returncode == 4, run.stderr[-2000:]  # 4: something was not graded
+        results.append(json.loads(run.stdout.splitlines()[-1]))
+    for result in results:
+        assert result["graded"] is False and result["score"] == 0.0
+        assert "Triton is built for Linux only" in result["message"]
