@@ -92,15 +92,11 @@ def _flat(x: torch.Tensor) -> torch.Tensor:
     return x.reshape(-1, x.size(-2), x.size(-1)).contiguous()
 
 
-def _check(q, k, v):
-    for name, width in (("d", q.size(-1)), ("d_v", v.size(-1))):
-        if width < 16 or width & (width - 1):
-            raise ValueError(f"{name} = {width}: the kernels need a power of two >= 16")
-
-
 def flash_attention_triton(q, k, v, causal=False):
     """FlashAttention-2's forward pass in Triton: returns (out, L)."""
-    _check(q, k, v)
+    for name, width in (("d", q.size(-1)), ("d_v", v.size(-1))):
+        if width < 16 or width & (width - 1):  # tl.arange and tl.dot need it
+            raise ValueError(f"{name} = {width}: the kernels need a power of two >= 16")
     n_q, n_k, d, d_v = q.size(-2), k.size(-2), q.size(-1), v.size(-1)
     qf, kf, vf = _flat(q), _flat(k), _flat(v)
     out = torch.empty(qf.size(0), n_q, d_v, device=q.device, dtype=torch.float32)

@@ -51,6 +51,7 @@ PAPERS = {
     "zhang2019root": "Zhang",
     "shazeer2020glu": "Shazeer",
     "holtzman2020curious": "Holtzman",
+    "tillet2019triton": "Tillet",
 }
 
 
@@ -328,6 +329,7 @@ SEARCHES = {
     "08_efficient_attention": "FlashAttention",
     "09_beyond_sequences": "patches",
     "10_language_model": "SwiGLU",
+    "11_kernels": "Triton",
 }
 WAIT_FOR_RESULTS = """
 for (let i = 0; i < 600; i++) {

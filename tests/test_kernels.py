@@ -185,3 +185,286 @@ def test_the_interpreter_runs_in_a_sealed_process():
     )  # fmt: skip
     assert run.returncode == 0, run.stderr[-2000:]
     assert run.stdout.strip() == "0"
+
+
+# ---------------------------------------------------------------- tests of the hidden tests
+# An implementation written from chapter 11's text, not from the reference: query tiles of
+# 32 and key tiles of 16 (the reference tiles both by 16), the scores masked before the
+# scale, base-2 exponentials, the log-sum-exp kept as log2 until the end, and dK/dV and dQ
+# from kernels arranged differently. Two flags make it wrong in ways outside the mistake
+# catalogue: the diagonal hidden by the causal mask (j >= i), and keys past n_k left
+# unmasked (read as zeros, so they score 0).
+
+import math as _math  # noqa: E402
+
+import triton  # noqa: E402  (solutions.kernels, imported above, chose the interpreter)
+import triton.language as tl  # noqa: E402
+
+from autograder.grading.judging.spec import load_chapter_tests  # noqa: E402
+from tests.answers import verdicts  # noqa: E402
+
+_LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _indep_fwd(
+    Q, K, V, Out, LSE, n_q, n_k, sm_scale,
+    D: tl.constexpr, DV: tl.constexpr, BQ: tl.constexpr, BK: tl.constexpr,
+    CAUSAL: tl.constexpr, HIDE_DIAGONAL: tl.constexpr, MASK_KEYS: tl.constexpr,
+):  # fmt: skip
+    pid_q, z = tl.program_id(0), tl.program_id(1)
+    i = pid_q * BQ + tl.arange(0, BQ)
+    c, cv = tl.arange(0, D), tl.arange(0, DV)
+    q = tl.load(
+        Q + z * n_q * D + i[:, None] * D + c[None, :], mask=i[:, None] < n_q, other=0.0
+    )
+    run_max = tl.zeros((BQ,), tl.float32) - float("inf")
+    run_sum = tl.zeros((BQ,), tl.float32)
+    o = tl.zeros((BQ, DV), tl.float32)
+    end = n_k
+    if CAUSAL:
+        end = tl.minimum(n_k, pid_q * BQ + BQ)
+    for j0 in range(0, end, BK):
+        j = j0 + tl.arange(0, BK)
+        kt = tl.load(
+            K + z * n_k * D + j[None, :] * D + c[:, None],
+            mask=j[None, :] < n_k,
+            other=0.0,
+        )
+        s = tl.dot(q, kt, input_precision="ieee")  # (BQ, BK), unscaled
+        keep = tl.full((BQ, BK), 1, tl.int1)
+        if MASK_KEYS:
+            keep = keep & (j[None, :] < n_k)
+        if CAUSAL:
+            if HIDE_DIAGONAL:
+                keep = keep & (j[None, :] < i[:, None])
+            else:
+                keep = keep & (j[None, :] <= i[:, None])
+        s = tl.where(
+            keep, s * (sm_scale * 1.4426950408889634), float("-inf")
+        )  # log2 units
+        new_max = tl.maximum(run_max, tl.max(s, axis=1))
+        new_max = tl.where(
+            new_max == float("-inf"), 0.0, new_max
+        )  # a row with no key yet
+        p = tl.exp2(s - new_max[:, None])
+        shrink = tl.exp2(run_max - new_max)
+        run_sum = run_sum * shrink + tl.sum(p, axis=1)
+        vt = tl.load(
+            V + z * n_k * DV + j[:, None] * DV + cv[None, :],
+            mask=j[:, None] < n_k,
+            other=0.0,
+        )
+        o = o * shrink[:, None] + tl.dot(p, vt, input_precision="ieee")
+        run_max = new_max
+    ok = i < n_q
+    tl.store(
+        Out + z * n_q * DV + i[:, None] * DV + cv[None, :],
+        o / run_sum[:, None],
+        mask=ok[:, None],
+    )
+    # log2-sum-exp2 back to natural units: L = (m + log2 l) / log2(e)
+    tl.store(
+        LSE + z * n_q + i, (run_max + tl.log2(run_sum)) / 1.4426950408889634, mask=ok
+    )
+
+
+@triton.jit
+def _indep_bwd_kv(
+    Q, K, V, DO, LSE, DELTA, DK, DV_, n_q, n_k, sm_scale,
+    D: tl.constexpr, DV: tl.constexpr, BQ: tl.constexpr, BK: tl.constexpr,
+    CAUSAL: tl.constexpr,
+):  # fmt: skip
+    pid_k, z = tl.program_id(0), tl.program_id(1)
+    j = pid_k * BK + tl.arange(0, BK)
+    c, cv = tl.arange(0, D), tl.arange(0, DV)
+    k = tl.load(
+        K + z * n_k * D + j[:, None] * D + c[None, :], mask=j[:, None] < n_k, other=0.0
+    )
+    v = tl.load(
+        V + z * n_k * DV + j[:, None] * DV + cv[None, :],
+        mask=j[:, None] < n_k,
+        other=0.0,
+    )
+    dk = tl.zeros((BK, D), tl.float32)
+    dv = tl.zeros((BK, DV), tl.float32)
+    first = 0
+    if CAUSAL:
+        first = (pid_k * BK) // BQ * BQ  # the query tile holding key j0
+    for i0 in range(first, n_q, BQ):
+        i = i0 + tl.arange(0, BQ)
+        row = i < n_q
+        q = tl.load(
+            Q + z * n_q * D + i[:, None] * D + c[None, :], mask=row[:, None], other=0.0
+        )
+        do = tl.load(
+            DO + z * n_q * DV + i[:, None] * DV + cv[None, :],
+            mask=row[:, None],
+            other=0.0,
+        )
+        lse = tl.load(LSE + z * n_q + i, mask=row, other=0.0)
+        delta = tl.load(DELTA + z * n_q + i, mask=row, other=0.0)
+        keep = row[:, None] & (j[None, :] < n_k)
+        if CAUSAL:
+            keep = keep & (j[None, :] <= i[:, None])
+        s = tl.dot(q, tl.trans(k), input_precision="ieee") * sm_scale
+        p = tl.where(keep, tl.exp(s - lse[:, None]), 0.0)
+        dp = tl.dot(do, tl.trans(v), input_precision="ieee")
+        ds = p * (dp - delta[:, None]) * sm_scale
+        dv += tl.dot(tl.trans(p), do, input_precision="ieee")
+        dk += tl.dot(tl.trans(ds), q, input_precision="ieee")
+    tl.store(DK + z * n_k * D + j[:, None] * D + c[None, :], dk, mask=j[:, None] < n_k)
+    tl.store(
+        DV_ + z * n_k * DV + j[:, None] * DV + cv[None, :], dv, mask=j[:, None] < n_k
+    )
+
+
+@triton.jit
+def _indep_bwd_q(
+    Q, K, V, DO, LSE, DELTA, DQ, n_q, n_k, sm_scale,
+    D: tl.constexpr, DV: tl.constexpr, BQ: tl.constexpr, BK: tl.constexpr,
+    CAUSAL: tl.constexpr,
+):  # fmt: skip
+    pid_q, z = tl.program_id(0), tl.program_id(1)
+    i = pid_q * BQ + tl.arange(0, BQ)
+    c, cv = tl.arange(0, D), tl.arange(0, DV)
+    row = i < n_q
+    q = tl.load(
+        Q + z * n_q * D + i[:, None] * D + c[None, :], mask=row[:, None], other=0.0
+    )
+    do = tl.load(
+        DO + z * n_q * DV + i[:, None] * DV + cv[None, :], mask=row[:, None], other=0.0
+    )
+    lse = tl.load(LSE + z * n_q + i, mask=row, other=0.0)
+    delta = tl.load(DELTA + z * n_q + i, mask=row, other=0.0)
+    dq = tl.zeros((BQ, D), tl.float32)
+    end = n_k
+    if CAUSAL:
+        end = tl.minimum(n_k, pid_q * BQ + BQ)
+    for j0 in range(0, end, BK):
+        j = j0 + tl.arange(0, BK)
+        k = tl.load(
+            K + z * n_k * D + j[:, None] * D + c[None, :],
+            mask=j[:, None] < n_k,
+            other=0.0,
+        )
+        v = tl.load(
+            V + z * n_k * DV + j[:, None] * DV + cv[None, :],
+            mask=j[:, None] < n_k,
+            other=0.0,
+        )
+        keep = j[None, :] < n_k
+        if CAUSAL:
+            keep = keep & (j[None, :] <= i[:, None])
+        s = tl.dot(q, tl.trans(k), input_precision="ieee") * sm_scale
+        p = tl.where(keep, tl.exp(s - lse[:, None]), 0.0)
+        ds = p * (tl.dot(do, tl.trans(v), input_precision="ieee") - delta[:, None])
+        dq += tl.dot(ds, k, input_precision="ieee") * sm_scale
+    tl.store(DQ + z * n_q * D + i[:, None] * D + c[None, :], dq, mask=row[:, None])
+
+
+def _independent_forward(hide_diagonal=False, mask_keys=True):
+    def flash_attention_triton(q, k, v, causal=False):
+        d, d_v = q.shape[-1], v.shape[-1]
+        if d not in (16, 32, 64, 128) or d_v not in (16, 32, 64, 128):
+            raise ValueError("widths must be a power of two >= 16")
+        lead, n_q, n_k = q.shape[:-2], q.shape[-2], k.shape[-2]
+        qf = q.reshape(-1, n_q, d).contiguous()
+        kf = k.reshape(-1, n_k, d).contiguous()
+        vf = v.reshape(-1, n_k, d_v).contiguous()
+        o = torch.zeros(qf.shape[0], n_q, d_v)
+        lse = torch.zeros(qf.shape[0], n_q)
+        _indep_fwd[(-(-n_q // 32), qf.shape[0])](
+            qf, kf, vf, o, lse, n_q, n_k, 1 / _math.sqrt(d), D=d, DV=d_v, BQ=32, BK=16,
+            CAUSAL=causal, HIDE_DIAGONAL=hide_diagonal, MASK_KEYS=mask_keys,
+        )  # fmt: skip
+        return o.reshape(*lead, n_q, d_v), lse.reshape(*lead, n_q)
+
+    return flash_attention_triton
+
+
+_independent_flash = _independent_forward()
+
+
+class _IndependentFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, causal=False):
+        o, lse = _independent_flash(q, k, v, causal)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.causal = causal
+        return o
+
+    @staticmethod
+    def backward(ctx, g):
+        q, k, v, o, lse = ctx.saved_tensors
+        d, d_v, n_q, n_k = q.shape[-1], v.shape[-1], q.shape[-2], k.shape[-2]
+        flat = [
+            x.reshape(-1, x.shape[-2], x.shape[-1]).contiguous() for x in (q, k, v, g)
+        ]
+        delta = (g * o).sum(-1).reshape(-1, n_q).contiguous()
+        lsef = lse.reshape(-1, n_q).contiguous()
+        dq, dk, dv = (torch.zeros_like(x) for x in flat[:3])
+        bh, scale = flat[0].shape[0], 1 / _math.sqrt(d)
+        meta = dict(D=d, DV=d_v, BQ=32, BK=16, CAUSAL=ctx.causal)
+        _indep_bwd_kv[(-(-n_k // 16), bh)](
+            *flat, lsef, delta, dk, dv, n_q, n_k, scale, **meta
+        )
+        _indep_bwd_q[(-(-n_q // 32), bh)](
+            *flat, lsef, delta, dq, n_q, n_k, scale, **meta
+        )
+        return dq.reshape(q.shape), dk.reshape(k.shape), dv.reshape(v.shape), None
+
+
+def test_an_implementation_from_the_chapters_text_earns_every_point():
+    tests = load_chapter_tests("11_kernels")
+    namespace = {
+        "flash_attention_triton": _independent_flash,
+        "FlashAttentionTriton": _IndependentFunction,
+    }
+    results = verdicts(tests, namespace)
+    assert all(v.passed for v in results.values()), {
+        k: v.message for k, v in results.items() if not v.passed
+    }
+
+
+@pytest.mark.parametrize(
+    "slip, failing",
+    [
+        (dict(hide_diagonal=True), {"k_fwd_causal"}),  # the causal mask as j >= i
+        (dict(mask_keys=False), {"k_fwd", "k_fwd_causal"}),  # padding keys score 0
+    ],
+)
+def test_wrong_kernels_outside_the_catalogue_fail(slip, failing):
+    tests = load_chapter_tests("11_kernels")
+    selected = [t for t in tests.tests if t.exercise == "flash_attention_triton"]
+    results = verdicts(
+        tests, {"flash_attention_triton": _independent_forward(**slip)}, 0, selected
+    )
+    assert {k for k, v in results.items() if not v.passed} == failing
+
+
+def test_without_triton_chapter_11_is_not_graded_and_the_grader_says_why(tmp_path):
+    """macOS and Windows have no Triton: there the grader grades nothing of chapter 11
+    (``graded: False``, never a zero) and says why, with --assignment and without."""
+    import json
+
+    from tests.notebooks import release_notebook, write
+
+    notebook = write(release_notebook("11_kernels"), tmp_path / "11_kernels.ipynb")
+    results = []
+    for extra in (["--assignment", "11_kernels"], []):
+        code = (
+            "import sys\n"
+            "sys.modules['triton'] = None  # as on a machine without Triton\n"
+            "from autograder.__main__ import main\n"
+            f"sys.exit(main(['grade', {str(notebook)!r}, '--json', *{extra!r}]))\n"
+        )
+        run = subprocess.run(
+            [sys.executable, "-c", code], cwd=paths.REPO, capture_output=True,
+            text=True, timeout=300,
+        )  # fmt: skip
+        assert run.returncode == 4, run.stderr[-2000:]  # 4: something was not graded
+        results.append(json.loads(run.stdout.splitlines()[-1]))
+    for result in results:
+        assert result["graded"] is False and result["score"] == 0.0
+        assert "Triton is built for Linux only" in result["message"]

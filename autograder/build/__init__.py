@@ -134,7 +134,8 @@ def _pins() -> dict[str, str]:
     the name a notebook imports (``sklearn`` for scikit-learn)."""
     pins = {}
     for line in (paths.REPO / "requirements.txt").read_text().splitlines():
-        pin = line.split("#")[0].strip()
+        # the environment marker goes (triton's "; platform_system == ..."): Colab is Linux
+        pin = line.split("#")[0].split(";")[0].strip()
         if "==" in pin:
             name = pin.split("==")[0].strip().lower().replace("-", "_")
             pins[IMPORT_NAMES.get(name, name)] = pin

@@ -90,7 +90,7 @@ def given(names: list[str]) -> str:
         node = found[0]
         parts.append("\n".join(lines[node.lineno - 1 : node.end_lineno]))
     header = (
-        "# Given (read-only): earlier chapters' answers this chapter builds on, copied by\n"
+        "# Given (read-only): code this chapter builds on, copied by\n"
         "# `python -m autograder build` from the course's reference implementations."
     )
     return header + "\n" + "\n\n\n".join(parts)

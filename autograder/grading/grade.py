@@ -67,6 +67,22 @@ def _fingerprint(nb) -> tuple[set, set[str]]:
     return grade_ids, _defined_names(nb)
 
 
+def missing_requirement(chapter: str) -> str | None:
+    """Why ``chapter`` cannot be graded on this machine, or None: its tests, reference or
+    known mistakes import a package that is not installed here (chapter 11 needs Triton,
+    which has no build for macOS or Windows). Such a chapter is never graded here, so never
+    given a zero."""
+    try:
+        load_chapter_tests(chapter).reference()
+    except ImportError as exc:
+        package = exc.name or str(exc)
+        return (
+            f"{chapter} needs {package}, which is not installed on this machine "
+            f"({sys.platform}; Triton is built for Linux only): grade it on Linux"
+        )
+    return None
+
+
 def detect_chapter(grade_ids: set, names: set[str]) -> str | None:
     """The chapter whose graded cells and exercise names a notebook shares most."""
     best, best_score = None, 0
@@ -180,6 +196,9 @@ def _grade_notebook(path, assignment, seed, limits, sandbox, retry, batch) -> di
         "message": "",
     }
     stamp(result, None)  # the course version; the digest once the assignment is known
+    if assignment and (missing := missing_requirement(assignment)):
+        result["assignment"] = assignment
+        return _not_graded(result, missing)
     tests = _set_assignment(result, assignment) if assignment else None
     try:
         nb = nbformat.read(path, as_version=4)
@@ -208,9 +227,11 @@ def _grade_notebook(path, assignment, seed, limits, sandbox, retry, batch) -> di
         )
     if tests is None:
         if detected is None:
+            missing = [m for c in graded_chapters() if (m := missing_requirement(c))]
             return _not_graded(
                 result,
-                "could not recognise the chapter of this notebook; pass --assignment",
+                "could not recognise the chapter of this notebook; pass --assignment"
+                + "".join(f" (not recognised here: {m})" for m in missing),
             )
         tests = _set_assignment(result, detected)
     notes = []
@@ -439,8 +460,10 @@ def grade_many(
     limits = limits or Limits()
     # Import every chapter's tests and reference here, once, before the workers start:
     # imported first by two threads at once, a module can be seen half-initialised.
+    # A chapter this machine cannot load (no Triton) is not graded: grade_notebook says so.
     for chapter in graded_chapters():
-        load_chapter_tests(chapter).reference()
+        if missing_requirement(chapter) is None:
+            load_chapter_tests(chapter).reference()
     folders = sorted({Path(p).resolve().parent for p in paths})
     sandbox = Sandbox(limits, hide=folders) if sandboxed else Unsandboxed(limits)
     with sandbox:
