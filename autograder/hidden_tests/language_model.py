@@ -102,6 +102,12 @@ def _attention_cache_cases(g):
             label="3 new tokens after 4 cached, grouped heads",
         ),
         case(
+            randn(g, 1, 2, 16),
+            cache=cached(1, 6, 4, 4),
+            init=Init((16, 4), {"rope_theta": 100.0}),
+            label="2 new tokens after 6 cached, rope_theta = 100",
+        ),
+        case(
             randn(g, 2, 4, 16),
             init=Init((16, 2)),
             label="no cache yet: the returned cache holds the rotated keys",
@@ -136,6 +142,11 @@ def _model_cases(g):
             torch.randint(0, 30, (2, 5), generator=g),
             init=Init((30, 8, 16, 3, 4, 16), {"num_kv_heads": 1}),
             label="3 layers, one key/value head",
+        ),
+        case(
+            torch.randint(0, 30, (2, 10), generator=g),
+            init=Init((30, 16, 16, 2, 4, 32), {"rope_theta": 500.0}),
+            label="rope_theta = 500 reaches every block's attention",
         ),
     ]
 
@@ -310,7 +321,8 @@ TESTS = [
         id="lm_model",
         exercise="TransformerLM",
         points=2,
-        description="TransformerLM: embedding, blocks, final RMSNorm, lm_head",
+        description="TransformerLM: embedding, blocks, final RMSNorm, lm_head; "
+        "rope_theta is the base of every block's rotary positions",
         make_cases=_model_cases,
         level="model",
         forbidden=("sdpa",),

@@ -81,6 +81,7 @@ def _attention(
     rerotate=False,
     restart=False,
     rope=True,
+    default_theta=False,
 ):
     """CausalSelfAttention with one deliberate slip."""
 
@@ -90,6 +91,7 @@ def _attention(
             t = 0 if cache is None else cache[0].size(-2)
             if positions is None:
                 positions = torch.arange(n) if restart else torch.arange(t, t + n)
+            theta = 10000.0 if default_theta else self.rope_theta
 
             def heads(y, h):
                 return y.view(B, n, h, self.d_head).transpose(1, 2)
@@ -98,15 +100,15 @@ def _attention(
             k = heads(self.k_proj(x), self.num_kv_heads)
             v = heads(self.v_proj(x), self.num_kv_heads)
             if rope:
-                q = apply_rope(q, positions, self.rope_theta)
+                q = apply_rope(q, positions, theta)
             if rope and not rerotate:
-                k = apply_rope(k, positions, self.rope_theta)
+                k = apply_rope(k, positions, theta)
             if rotate_values:
-                v = apply_rope(v, positions, self.rope_theta)
+                v = apply_rope(v, positions, theta)
             if rerotate:  # rotate every key, cached ones included, by 0 ... t + n - 1
                 keys = k if cache is None else torch.cat([cache[0], k], dim=-2)
                 values = v if cache is None else torch.cat([cache[1], v], dim=-2)
-                keys = apply_rope(keys, torch.arange(t + n), self.rope_theta)
+                keys = apply_rope(keys, torch.arange(t + n), theta)
                 old = None if cache is None else (keys[..., :t, :], values[..., :t, :])
                 out, new_cache = kv_cache_step(
                     q, keys[..., t:, :], values[..., t:, :], old
@@ -127,7 +129,7 @@ def _attention(
                 out, new_cache = kv_cache_step(q, k, v, cache)
             out = self.output_proj(out.transpose(1, 2).reshape(B, n, -1))
             if rotate_output:
-                out = apply_rope(out, positions, self.rope_theta)
+                out = apply_rope(out, positions, theta)
             return out, new_cache
 
     return Wrong
@@ -160,6 +162,34 @@ class _BlockOneNorm(ref.DecoderBlock):
 
 
 # ----------------------------------------------------------------------------- model
+
+
+class _ModelDefaultTheta(ref.TransformerLM):
+    """Builds its blocks without passing rope_theta on: every block rotates with 10000."""
+
+    def __init__(
+        self,
+        vocab_size,
+        context_length,
+        d_model,
+        num_layers,
+        num_heads,
+        d_ff,
+        rope_theta=10000.0,
+        tie_weights=False,
+        num_kv_heads=None,
+    ):
+        super().__init__(
+            vocab_size,
+            context_length,
+            d_model,
+            num_layers,
+            num_heads,
+            d_ff,
+            10000.0,
+            tie_weights,
+            num_kv_heads,
+        )
 
 
 class _ModelNoFinalNorm(ref.TransformerLM):
@@ -449,6 +479,13 @@ MISTAKES = [
         "causal-self-attention-with-rotary-positions",
     ),
     _m(
+        "CausalSelfAttention",
+        "rope_theta ignored",
+        "your rotations do not change with rope_theta: pass it to apply_rope as theta, the base of the frequencies theta_i = rope_theta^(-2i/d_head).",
+        _attention(default_theta=True),
+        "causal-self-attention-with-rotary-positions",
+    ),
+    _m(
         "DecoderBlock",
         "post-norm",
         "your block normalises after the residual sum: a pre-norm block normalises each sublayer's input, x + attn(ln1(x)).",
@@ -488,6 +525,13 @@ MISTAKES = [
         "first block repeated",
         "your model runs the first block num_layers times: each layer in self.layers has its own weights.",
         _ModelFirstLayerOnly,
+        "the-decoder-block-and-the-model",
+    ),
+    _m(
+        "TransformerLM",
+        "rope_theta not passed on",
+        "your blocks rotate with the default base whatever rope_theta is: pass rope_theta on to every block's CausalSelfAttention.",
+        _ModelDefaultTheta,
         "the-decoder-block-and-the-model",
     ),
     _m(
