@@ -24,6 +24,7 @@ __all__ = [
     "cross_entropy",
     "sample",
     "generate",
+    "MultiHeadLatentAttention",
 ]
 
 
@@ -249,3 +250,85 @@ def generate(
             # one new token: its keys and values join the cache, at the next position
             logits, caches = model(token[:, None], caches=caches)  # (B, 1, vocab)
     return torch.cat(tokens, dim=1), torch.stack(step_logits, dim=1)
+
+
+class MultiHeadLatentAttention(nn.Module):
+    """Multi-head latent attention (DeepSeek-V2): keys and values from one low-rank latent
+    per token, and one rotary key shared by all heads; the cache holds only those two."""
+
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        kv_rank: int,
+        rope_dim: int,
+        q_rank: int | None = None,
+        max_seq_len: int = 2048,
+        rope_theta: float = 10000.0,
+    ):
+        super().__init__()
+        if d_model % num_heads or rope_dim % 2:
+            msg = f"{d_model=} needs {num_heads=} equal heads and an even {rope_dim=}"
+            raise ValueError(msg)
+        self.num_heads, self.d_head = num_heads, d_model // num_heads
+        self.rope_dim, self.q_rank = rope_dim, q_rank
+        self.max_seq_len, self.rope_theta = max_seq_len, rope_theta
+        width = num_heads * self.d_head  # h heads of d_head each (= d_model)
+        # keys and values: down to the latent c (kv_rank), normalised, up per head
+        self.kv_down = nn.Linear(d_model, kv_rank, bias=False)
+        self.kv_norm = RMSNorm(kv_rank)
+        self.k_up = nn.Linear(kv_rank, width, bias=False)
+        self.v_up = nn.Linear(kv_rank, width, bias=False)
+        self.k_rope = nn.Linear(d_model, rope_dim, bias=False)  # one key, all heads
+        # queries: straight from x, or through their own normalised latent
+        q_in = d_model
+        if q_rank is not None:
+            self.q_down = nn.Linear(d_model, q_rank, bias=False)
+            self.q_norm = RMSNorm(q_rank)
+            q_in = q_rank
+        self.q_up = nn.Linear(q_in, width, bias=False)
+        self.q_rope = nn.Linear(q_in, num_heads * rope_dim, bias=False)
+        self.output_proj = nn.Linear(width, d_model, bias=False)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        cache: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        B, n, _ = x.shape
+        t = 0 if cache is None else cache[0].size(-2)
+        if positions is None:  # the tokens follow the cached ones
+            positions = torch.arange(t, t + n, device=x.device)
+        h, d_head, d_rope = self.num_heads, self.d_head, self.rope_dim
+
+        # what the cache keeps: the latent and the rotated shared key, no head axis
+        latent = self.kv_norm(self.kv_down(x))  # (B, n, kv_rank)
+        k_rot = apply_rope(self.k_rope(x), positions, self.rope_theta)  # (B, n, d_rope)
+        if cache is not None:  # earlier tokens: stored, never rotated again
+            latent = torch.cat([cache[0], latent], dim=1)  # (B, t + n, kv_rank)
+            k_rot = torch.cat([cache[1], k_rot], dim=1)  # (B, t + n, d_rope)
+        total = t + n
+
+        def heads(y, length, d):  # (B, length, h d) -> (B, h, length, d)
+            return y.view(B, length, h, d).transpose(1, 2)
+
+        q_in = x if self.q_rank is None else self.q_norm(self.q_down(x))
+        q_content = heads(self.q_up(q_in), n, d_head)  # (B, h, n, d_head)
+        q_rot = apply_rope(
+            heads(self.q_rope(q_in), n, d_rope), positions, self.rope_theta
+        )  # (B, h, n, d_rope): each head its own rotary query
+        # every head's keys and values, recomputed from the latent of every token
+        k_content = heads(self.k_up(latent), total, d_head)  # (B, h, t + n, d_head)
+        v = heads(self.v_up(latent), total, d_head)  # (B, h, t + n, d_head)
+        k_shared = k_rot[:, None].expand(B, h, total, d_rope)  # the same for all heads
+        q = torch.cat([q_content, q_rot], dim=-1)  # (B, h, n, d_head + d_rope)
+        k = torch.cat([k_content, k_shared], dim=-1)  # (B, h, t + n, d_head + d_rope)
+        # causal over t + n keys, scaled by 1/sqrt(d_head + d_rope): kv_cache_step with
+        # the earlier keys as its cache
+        earlier = None if cache is None else (k[:, :, :t], v[:, :, :t])
+        out, _ = kv_cache_step(
+            q, k[:, :, t:], v[:, :, t:], earlier
+        )  # (B, h, n, d_head)
+        out = out.transpose(1, 2).reshape(B, n, h * d_head)  # heads side by side
+        return self.output_proj(out), (latent, k_rot)

@@ -141,6 +141,56 @@ def test_sample_top_p_keeps_the_crossing_token_and_draws_with_multinomial():
     )
 
 
+@pytest.mark.parametrize("q_rank", [None, 6])
+def test_latent_attention_equals_sdpa_on_the_joined_heads_and_caches_latents(q_rank):
+    """DeepSeek-V2's equations with PyTorch's attention: the reference's output, its cache
+    of kv_rank + rope_dim numbers per token, and decoding with it token by token."""
+    torch.manual_seed(0)
+    B, n, h, d_head, rank, d_rope = 2, 9, 4, 4, 8, 6
+    mla = lm.MultiHeadLatentAttention(
+        h * d_head, h, rank, d_rope, q_rank, rope_theta=500.0
+    )
+    x = torch.randn(B, n, h * d_head)
+    out, (latent, k_rot) = mla(x)
+    pos = torch.arange(n)
+    c = torch.nn.RMSNorm(rank, eps=1e-5)
+    with torch.no_grad():
+        c.weight.copy_(mla.kv_norm.weight)
+    expected_latent = c(mla.kv_down(x))
+    q_in = x if q_rank is None else mla.q_norm(mla.q_down(x))
+    q = torch.cat(
+        [
+            mla.q_up(q_in).view(B, n, h, d_head).transpose(1, 2),
+            apply_rope(
+                mla.q_rope(q_in).view(B, n, h, d_rope).transpose(1, 2), pos, 500.0
+            ),
+        ],
+        -1,
+    )
+    k_shared = apply_rope(mla.k_rope(x), pos, 500.0)  # (B, n, d_rope)
+    k = torch.cat(
+        [
+            mla.k_up(expected_latent).view(B, n, h, d_head).transpose(1, 2),
+            k_shared[:, None].expand(B, h, n, d_rope),
+        ],
+        -1,
+    )
+    v = mla.v_up(expected_latent).view(B, n, h, d_head).transpose(1, 2)
+    full = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    expected = mla.output_proj(full.transpose(1, 2).reshape(B, n, -1))
+    torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(latent, expected_latent)
+    torch.testing.assert_close(k_rot, k_shared)
+    assert latent.shape == (B, n, rank) and k_rot.shape == (B, n, d_rope)
+    first, cache = mla(x[:, :4])
+    steps = [first]
+    for t in range(4, n):
+        o, cache = mla(x[:, t : t + 1], cache=cache)
+        steps.append(o)
+    torch.testing.assert_close(torch.cat(steps, 1), out, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(cache[0], latent, rtol=1e-5, atol=1e-6)
+
+
 def test_the_given_cell_is_derived_from_the_references():
     """Chapter 10's student notebook holds chapters 5 and 8's code as a read-only cell,
     derived by the build from the references, never pasted by hand."""
@@ -243,6 +293,60 @@ def _generate_without_prompt(
     return tokens[:, prompt.size(1) :], logits
 
 
+class _MLAOneRotaryQuery(lm.MultiHeadLatentAttention):
+    """Shares the rotary query across heads as well (head 0's), not only the rotary key."""
+
+    def forward(self, x, positions=None, cache=None):
+        B, n, _ = x.shape
+        t = 0 if cache is None else cache[0].shape[1]
+        positions = torch.arange(t, t + n) if positions is None else positions
+        h, dh, dr = self.num_heads, self.d_head, self.rope_dim
+        latent = self.kv_norm(self.kv_down(x))
+        k_rot = apply_rope(self.k_rope(x), positions, self.rope_theta)
+        if cache is not None:
+            latent = torch.cat([cache[0], latent], 1)
+            k_rot = torch.cat([cache[1], k_rot], 1)
+        q_in = x if self.q_rank is None else self.q_norm(self.q_down(x))
+        qc = self.q_up(q_in).view(B, n, h, dh).transpose(1, 2)
+        qr = self.q_rope(q_in).view(B, n, h, dr)[:, :, :1].expand(B, n, h, dr)
+        qr = apply_rope(qr.transpose(1, 2), positions, self.rope_theta)
+        T = latent.shape[1]
+        kc = self.k_up(latent).view(B, T, h, dh).transpose(1, 2)
+        v = self.v_up(latent).view(B, T, h, dh).transpose(1, 2)
+        q = torch.cat([qc, qr], -1)
+        k = torch.cat([kc, k_rot[:, None].expand(B, h, T, dr)], -1)
+        old = None if cache is None else (k[:, :, :t], v[:, :, :t])
+        out, _ = lm.kv_cache_step(q, k[:, :, t:], v[:, :, t:], old)
+        return self.output_proj(out.transpose(1, 2).reshape(B, n, -1)), (latent, k_rot)
+
+
+class _MLACachesRawLatent(lm.MultiHeadLatentAttention):
+    """Caches kv_down(x) before the RMSNorm and normalises it at every step: the same
+    output, but not the cache the docstring asks for."""
+
+    def forward(self, x, positions=None, cache=None):
+        B, n, _ = x.shape
+        t = 0 if cache is None else cache[0].shape[1]
+        positions = torch.arange(t, t + n) if positions is None else positions
+        h, dh, dr = self.num_heads, self.d_head, self.rope_dim
+        raw = self.kv_down(x)
+        k_rot = apply_rope(self.k_rope(x), positions, self.rope_theta)
+        if cache is not None:
+            raw = torch.cat([cache[0], raw], 1)
+            k_rot = torch.cat([cache[1], k_rot], 1)
+        latent, T = self.kv_norm(raw), raw.shape[1]
+        q_in = x if self.q_rank is None else self.q_norm(self.q_down(x))
+        qc = self.q_up(q_in).view(B, n, h, dh).transpose(1, 2)
+        qr = self.q_rope(q_in).view(B, n, h, dr).transpose(1, 2)
+        q = torch.cat([qc, apply_rope(qr, positions, self.rope_theta)], -1)
+        kc = self.k_up(latent).view(B, T, h, dh).transpose(1, 2)
+        v = self.v_up(latent).view(B, T, h, dh).transpose(1, 2)
+        k = torch.cat([kc, k_rot[:, None].expand(B, h, T, dr)], -1)
+        old = None if cache is None else (k[:, :, :t], v[:, :, :t])
+        out, _ = lm.kv_cache_step(q, k[:, :, t:], v[:, :, t:], old)
+        return self.output_proj(out.transpose(1, 2).reshape(B, n, -1)), (raw, k_rot)
+
+
 INDEPENDENT_WRONG_ANSWERS = {
     "RMSNorm": {_rmsnorm_variance(): ["lm_rmsnorm"], _RMSNormOverBatch: ["lm_rmsnorm"]},
     "silu": [_silu_tanh],
@@ -254,6 +358,7 @@ INDEPENDENT_WRONG_ANSWERS = {
     "cross_entropy": [_ce_no_mean],
     "sample": {_sample_top_p_strict: ["lm_sample_top_p"]},
     "generate": [_generate_without_prompt],
+    "MultiHeadLatentAttention": [_MLAOneRotaryQuery, _MLACachesRawLatent],
 }
 
 
@@ -352,6 +457,70 @@ class _AttentionEinsum(torch.nn.Module):
         return self.output_proj(out.permute(0, 2, 1, 3).reshape(B, n, -1)), (k, v)
 
 
+class _MLAEinsum(torch.nn.Module):
+    """From the chapter's equations: own RMSNorm, own rotation, own mask, einsum scores of
+    the two parts added (the same as the dot product of the joined vectors)."""
+
+    def __init__(
+        self,
+        d_model,
+        num_heads,
+        kv_rank,
+        rope_dim,
+        q_rank=None,
+        max_seq_len=2048,
+        rope_theta=10000.0,
+    ):
+        super().__init__()
+
+        def linear(i, o):
+            return torch.nn.Linear(i, o, bias=False)
+
+        self.h, self.dh, self.dr, self.theta = (
+            num_heads,
+            d_model // num_heads,
+            rope_dim,
+            rope_theta,
+        )
+        self.kv_down, self.kv_norm = linear(d_model, kv_rank), _RMSNormRsqrt(kv_rank)
+        self.k_up, self.v_up = linear(kv_rank, d_model), linear(kv_rank, d_model)
+        self.k_rope = linear(d_model, rope_dim)
+        self.low = q_rank is not None
+        q_in = d_model
+        if self.low:
+            self.q_down, self.q_norm = linear(d_model, q_rank), _RMSNormRsqrt(q_rank)
+            q_in = q_rank
+        self.q_up, self.q_rope = (
+            linear(q_in, d_model),
+            linear(q_in, num_heads * rope_dim),
+        )
+        self.output_proj = linear(d_model, d_model)
+
+    def forward(self, x, positions=None, cache=None):
+        B, n, _ = x.shape
+        t = 0 if cache is None else cache[0].shape[1]
+        if positions is None:
+            positions = torch.arange(t, t + n)
+        c = self.kv_norm(self.kv_down(x))
+        kr = _rotate_complex(self.k_rope(x), positions, self.theta)
+        if cache is not None:
+            c, kr = torch.cat([cache[0], c], 1), torch.cat([cache[1], kr], 1)
+        T = c.shape[1]
+        cq = self.q_norm(self.q_down(x)) if self.low else x
+        qc = self.q_up(cq).reshape(B, n, self.h, self.dh)
+        qr = self.q_rope(cq).reshape(B, n, self.h, self.dr).permute(0, 2, 1, 3)
+        qr = _rotate_complex(qr, positions, self.theta)  # (B, h, n, d_R)
+        kc = self.k_up(c).reshape(B, T, self.h, self.dh)
+        v = self.v_up(c).reshape(B, T, self.h, self.dh)
+        scores = torch.einsum("bihd,bjhd->bhij", qc, kc)
+        scores = scores + torch.einsum("bhir,bjr->bhij", qr, kr)
+        scores = scores / math.sqrt(self.dh + self.dr)
+        allowed = torch.arange(T)[None, :] <= torch.arange(t, t + n)[:, None]
+        weights = scores.masked_fill(~allowed, float("-inf")).softmax(-1)
+        out = torch.einsum("bhij,bjhd->bihd", weights, v).reshape(B, n, -1)
+        return self.output_proj(out), (c, kr)
+
+
 def _ce_logsumexp(logits, targets):
     logp = logits - torch.logsumexp(logits, dim=-1, keepdim=True)
     return -logp.gather(-1, targets.unsqueeze(-1)).mean()
@@ -405,6 +574,7 @@ INDEPENDENT_CORRECT_ANSWERS = {
     "cross_entropy": [_ce_logsumexp],
     "sample": [_sample_by_masks],
     "generate": [_generate_by_recomputation],
+    "MultiHeadLatentAttention": [_MLAEinsum],
 }
 
 

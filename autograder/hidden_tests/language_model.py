@@ -1,4 +1,4 @@
-"""Hidden tests for chapter 10, a decoder-only language model (19 points).
+"""Hidden tests for chapter 10, a decoder-only language model (24 points).
 
 Module exercises are built with the test's arguments and loaded with randomised reference
 weights (``Init``). ``sample`` and ``generate`` draw with a seeded generator that the
@@ -102,6 +102,12 @@ def _attention_cache_cases(g):
             label="3 new tokens after 4 cached, grouped heads",
         ),
         case(
+            randn(g, 1, 2, 16),
+            cache=cached(1, 6, 4, 4),
+            init=Init((16, 4), {"rope_theta": 100.0}),
+            label="2 new tokens after 6 cached, rope_theta = 100",
+        ),
+        case(
             randn(g, 2, 4, 16),
             init=Init((16, 2)),
             label="no cache yet: the returned cache holds the rotated keys",
@@ -136,6 +142,11 @@ def _model_cases(g):
             torch.randint(0, 30, (2, 5), generator=g),
             init=Init((30, 8, 16, 3, 4, 16), {"num_kv_heads": 1}),
             label="3 layers, one key/value head",
+        ),
+        case(
+            torch.randint(0, 30, (2, 10), generator=g),
+            init=Init((30, 16, 16, 2, 4, 32), {"rope_theta": 500.0}),
+            label="rope_theta = 500 reaches every block's attention",
         ),
     ]
 
@@ -250,6 +261,57 @@ def _generate_cases(g):
     ]
 
 
+def _mla_cases(g):
+    return [
+        case(randn(g, 2, 7, 16), init=Init((16, 4, 8, 4)), label="4 heads, n = 7"),
+        case(
+            randn(g, 2, 6, 24),
+            init=Init((24, 3, 6, 8), {"q_rank": 12}),
+            label="low-rank queries, rope_dim 8",
+        ),
+        case(
+            randn(g, 1, 5, 16),
+            torch.arange(20, 25),
+            init=Init((16, 2, 4, 6), {"rope_theta": 300.0}),
+            label="positions 20 ... 24 given, rope_theta = 300",
+        ),
+        case(
+            randn(g, 2, 6, 16, scale=4.0) + 2.0,
+            init=Init((16, 4, 8, 4), {"q_rank": 8}),
+            label="large inputs with a mean: the latents' RMSNorm matters",
+        ),
+        case(randn(g, 2, 1, 16), init=Init((16, 4, 8, 4)), label="one token"),
+    ]
+
+
+def _mla_cache_cases(g):
+    def cached(B, t, rank, d_rope):  # a latent (RMS-normalised) and a rotated key
+        latent = randn(g, B, t, rank)
+        latent = latent / latent.pow(2).mean(-1, keepdim=True).sqrt()
+        return (latent, randn(g, B, t, d_rope))
+
+    return [
+        case(
+            randn(g, 2, 1, 16),
+            cache=cached(2, 5, 8, 4),
+            init=Init((16, 4, 8, 4)),
+            label="one new token after 5 cached",
+        ),
+        case(
+            randn(g, 1, 3, 24),
+            cache=cached(1, 4, 6, 8),
+            init=Init((24, 3, 6, 8), {"q_rank": 12, "rope_theta": 100.0}),
+            label="3 new tokens after 4 cached, low-rank queries, rope_theta = 100",
+        ),
+        case(
+            randn(g, 2, 4, 16),
+            init=Init((16, 2, 4, 4)),
+            label="no cache yet: the returned cache holds the latents and the rotated "
+            "shared keys, kv_rank + rope_dim numbers per token",
+        ),
+    ]
+
+
 TESTS = [
     HiddenTest(
         id="lm_rmsnorm",
@@ -310,7 +372,8 @@ TESTS = [
         id="lm_model",
         exercise="TransformerLM",
         points=2,
-        description="TransformerLM: embedding, blocks, final RMSNorm, lm_head",
+        description="TransformerLM: embedding, blocks, final RMSNorm, lm_head; "
+        "rope_theta is the base of every block's rotary positions",
         make_cases=_model_cases,
         level="model",
         forbidden=("sdpa",),
@@ -350,6 +413,28 @@ TESTS = [
         make_cases=_generate_cases,
         level="model",
         outputs=("tokens", "logits"),
+        forbidden=("sdpa",),
+    ),
+    HiddenTest(
+        id="lm_mla",
+        exercise="MultiHeadLatentAttention",
+        points=3,
+        description="multi-head latent attention: keys and values from a normalised "
+        "low-rank latent, a decoupled rotary key shared by all heads, causal",
+        make_cases=_mla_cases,
+        level="module",
+        outputs=("out", "cache"),
+        forbidden=("sdpa",),
+    ),
+    HiddenTest(
+        id="lm_mla_cache",
+        exercise="MultiHeadLatentAttention",
+        points=2,
+        description="with a cache of latents and rotated shared keys, new tokens take "
+        "the next positions and attend over every cached token",
+        make_cases=_mla_cache_cases,
+        level="module",
+        outputs=("out", "cache"),
         forbidden=("sdpa",),
     ),
 ]

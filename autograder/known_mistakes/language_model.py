@@ -81,6 +81,7 @@ def _attention(
     rerotate=False,
     restart=False,
     rope=True,
+    default_theta=False,
 ):
     """CausalSelfAttention with one deliberate slip."""
 
@@ -90,6 +91,7 @@ def _attention(
             t = 0 if cache is None else cache[0].size(-2)
             if positions is None:
                 positions = torch.arange(n) if restart else torch.arange(t, t + n)
+            theta = 10000.0 if default_theta else self.rope_theta
 
             def heads(y, h):
                 return y.view(B, n, h, self.d_head).transpose(1, 2)
@@ -98,15 +100,15 @@ def _attention(
             k = heads(self.k_proj(x), self.num_kv_heads)
             v = heads(self.v_proj(x), self.num_kv_heads)
             if rope:
-                q = apply_rope(q, positions, self.rope_theta)
+                q = apply_rope(q, positions, theta)
             if rope and not rerotate:
-                k = apply_rope(k, positions, self.rope_theta)
+                k = apply_rope(k, positions, theta)
             if rotate_values:
-                v = apply_rope(v, positions, self.rope_theta)
+                v = apply_rope(v, positions, theta)
             if rerotate:  # rotate every key, cached ones included, by 0 ... t + n - 1
                 keys = k if cache is None else torch.cat([cache[0], k], dim=-2)
                 values = v if cache is None else torch.cat([cache[1], v], dim=-2)
-                keys = apply_rope(keys, torch.arange(t + n), self.rope_theta)
+                keys = apply_rope(keys, torch.arange(t + n), theta)
                 old = None if cache is None else (keys[..., :t, :], values[..., :t, :])
                 out, new_cache = kv_cache_step(
                     q, keys[..., t:, :], values[..., t:, :], old
@@ -127,7 +129,7 @@ def _attention(
                 out, new_cache = kv_cache_step(q, k, v, cache)
             out = self.output_proj(out.transpose(1, 2).reshape(B, n, -1))
             if rotate_output:
-                out = apply_rope(out, positions, self.rope_theta)
+                out = apply_rope(out, positions, theta)
             return out, new_cache
 
     return Wrong
@@ -160,6 +162,34 @@ class _BlockOneNorm(ref.DecoderBlock):
 
 
 # ----------------------------------------------------------------------------- model
+
+
+class _ModelDefaultTheta(ref.TransformerLM):
+    """Builds its blocks without passing rope_theta on: every block rotates with 10000."""
+
+    def __init__(
+        self,
+        vocab_size,
+        context_length,
+        d_model,
+        num_layers,
+        num_heads,
+        d_ff,
+        rope_theta=10000.0,
+        tie_weights=False,
+        num_kv_heads=None,
+    ):
+        super().__init__(
+            vocab_size,
+            context_length,
+            d_model,
+            num_layers,
+            num_heads,
+            d_ff,
+            10000.0,
+            tie_weights,
+            num_kv_heads,
+        )
 
 
 class _ModelNoFinalNorm(ref.TransformerLM):
@@ -331,6 +361,75 @@ def _no_cache_shift():
     return generate
 
 
+# ---------------------------------------------------------- multi-head latent attention
+
+
+def _mla(
+    *,
+    rope_content=False,
+    rope_latent=False,
+    no_norm=False,
+    scale_d_head=False,
+    full_cache=False,
+    rerotate=False,
+    restart=False,
+    not_causal=False,
+):
+    """MultiHeadLatentAttention with one deliberate slip, written out (no kv_cache_step)."""
+
+    class Wrong(ref.MultiHeadLatentAttention):
+        def forward(self, x, positions=None, cache=None):
+            B, n, _ = x.shape
+            t = 0 if cache is None else cache[0].size(-2)
+            if positions is None:
+                positions = torch.arange(n) if restart else torch.arange(t, t + n)
+            h, dh, dr, th = self.num_heads, self.d_head, self.rope_dim, self.rope_theta
+            norm = (lambda y: y) if no_norm else self.kv_norm
+            latent = norm(self.kv_down(x))
+            if rope_latent:
+                latent = apply_rope(latent, positions, th)
+            k_rot = self.k_rope(x)
+            if not rerotate:
+                k_rot = apply_rope(k_rot, positions, th)
+            if full_cache and cache is not None and cache[0].dim() == 4:
+                cache = None  # never reached by a cache the chapter describes
+            if cache is not None:
+                latent = torch.cat([cache[0], latent], 1)
+                k_rot = torch.cat([cache[1], k_rot], 1)
+            if rerotate:  # every key rotated by 0 ... t + n - 1, the cached ones again
+                k_rot = apply_rope(k_rot, torch.arange(t + n), th)
+            T = t + n
+
+            def heads(y, length, d):
+                return y.view(B, length, h, d).transpose(1, 2)
+
+            if self.q_rank is None:
+                q_in = x
+            else:
+                q_in = self.q_down(x) if no_norm else self.q_norm(self.q_down(x))
+            qc = heads(self.q_up(q_in), n, dh)
+            qr = apply_rope(heads(self.q_rope(q_in), n, dr), positions, th)
+            kc = heads(self.k_up(latent), T, dh)
+            v = heads(self.v_up(latent), T, dh)
+            if rope_content:  # the content parts rotated too, at their positions
+                qc = apply_rope(qc, positions, th)
+                kc = apply_rope(kc, torch.arange(T), th)
+            q = torch.cat([qc, qr], -1)
+            k = torch.cat([kc, k_rot[:, None].expand(B, h, T, dr)], -1)
+            scale = math.sqrt(dh if scale_d_head else dh + dr)
+            scores = q @ k.transpose(-2, -1) / scale  # (B, h, n, T)
+            if not not_causal:
+                i = torch.arange(t, t + n)[:, None]
+                scores = scores.masked_fill(torch.arange(T)[None, :] > i, float("-inf"))
+            out = torch.softmax(scores, -1) @ v
+            out = self.output_proj(out.transpose(1, 2).reshape(B, n, h * dh))
+            if full_cache:  # every head's keys and values, as a GQA cache would
+                return out, (k, v)
+            return out, (latent, k_rot)
+
+    return Wrong
+
+
 def _m(exercise, name, hint, impl, section):
     return Mistake(exercise, name, hint, impl, f"{_CH}#{section}")
 
@@ -449,6 +548,13 @@ MISTAKES = [
         "causal-self-attention-with-rotary-positions",
     ),
     _m(
+        "CausalSelfAttention",
+        "rope_theta ignored",
+        "your rotations do not change with rope_theta: pass it to apply_rope as theta, the base of the frequencies theta_i = rope_theta^(-2i/d_head).",
+        _attention(default_theta=True),
+        "causal-self-attention-with-rotary-positions",
+    ),
+    _m(
         "DecoderBlock",
         "post-norm",
         "your block normalises after the residual sum: a pre-norm block normalises each sublayer's input, x + attn(ln1(x)).",
@@ -488,6 +594,13 @@ MISTAKES = [
         "first block repeated",
         "your model runs the first block num_layers times: each layer in self.layers has its own weights.",
         _ModelFirstLayerOnly,
+        "the-decoder-block-and-the-model",
+    ),
+    _m(
+        "TransformerLM",
+        "rope_theta not passed on",
+        "your blocks rotate with the default base whatever rope_theta is: pass rope_theta on to every block's CausalSelfAttention.",
+        _ModelDefaultTheta,
         "the-decoder-block-and-the-model",
     ),
     _m(
@@ -587,5 +700,61 @@ MISTAKES = [
         "you sample from the second-to-last position: the next token comes from the last position's logits.",
         _no_cache_shift(),
         "generating-with-a-key-value-cache",
+    ),
+    _m(
+        "MultiHeadLatentAttention",
+        "rotary on the compressed keys",
+        "your content queries and keys are rotated too: only the decoupled parts (q_rope's queries and the shared k_rope key) are rotated; keys up-projected from the latent stay unrotated, so that k_up can be folded into the queries.",
+        _mla(rope_content=True),
+        "multi-head-latent-attention",
+    ),
+    _m(
+        "MultiHeadLatentAttention",
+        "rotary on the latent",
+        "your latent is rotated by its position: the latent is cached and up-projected as it is; positions enter through the shared rotary key only.",
+        _mla(rope_latent=True),
+        "multi-head-latent-attention",
+    ),
+    _m(
+        "MultiHeadLatentAttention",
+        "latent not normalised",
+        "your latents skip their RMSNorm: normalise kv_down(x) with kv_norm (and q_down(x) with q_norm) before the up-projections.",
+        _mla(no_norm=True),
+        "multi-head-latent-attention",
+    ),
+    _m(
+        "MultiHeadLatentAttention",
+        "scaled by sqrt(d_head) only",
+        "your scores are divided by sqrt(d_head): each query and key has d_head + rope_dim entries, so divide by sqrt(d_head + rope_dim).",
+        _mla(scale_d_head=True),
+        "multi-head-latent-attention",
+    ),
+    _m(
+        "MultiHeadLatentAttention",
+        "cache holds full keys and values",
+        "your cache holds every head's keys and values: cache the normalised latent (B, t, kv_rank) and the rotated shared key (B, t, rope_dim) only, and recompute keys and values from them.",
+        _mla(full_cache=True),
+        "multi-head-latent-attention",
+    ),
+    _m(
+        "MultiHeadLatentAttention",
+        "cached rotary keys rotated again",
+        "your cached rotary keys are rotated again at every step: keep them in the cache already rotated, and rotate only the new ones, by their own positions.",
+        _mla(rerotate=True),
+        "multi-head-latent-attention",
+    ),
+    _m(
+        "MultiHeadLatentAttention",
+        "positions restart at 0",
+        "with a cache of t tokens, your new tokens take positions 0, 1, ...: without positions given, they are t, t + 1, ...",
+        _mla(restart=True),
+        "multi-head-latent-attention",
+    ),
+    _m(
+        "MultiHeadLatentAttention",
+        "not causal",
+        "each token sees the tokens after it: token i may attend to positions 0 ... i only, itself included.",
+        _mla(not_causal=True),
+        "multi-head-latent-attention",
     ),
 ]
