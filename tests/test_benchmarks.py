@@ -29,3 +29,18 @@ def test_the_gpu_benchmark_runs_and_records_machine_versions_and_date(tmp_path):
         rows = [r for r in record["rows"] if r["method"].startswith(method)]
         assert sorted(r["backward"] for r in rows) == [False, True], method
         assert all(r.get("ms", 0) > 0 for r in rows), rows
+
+
+def test_the_kernel_tolerance_benchmark_prints_every_output_within_its_budget():
+    run = subprocess.run(
+        [sys.executable, "benchmarks/kernel_tolerance.py", "--seeds", "1"],
+        cwd=paths.REPO, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    rows = [line.split() for line in run.stdout.splitlines()[2:]]
+    assert {(who, name) for who, name, *_ in rows} == {
+        (who, name)
+        for who in ("independent", "reference")
+        for name in ("out", "L", "dq", "dk", "dv")
+    }
+    assert all(float(used) < 1 for *_, used in rows), run.stdout

@@ -468,3 +468,70 @@ def test_without_triton_chapter_11_is_not_graded_and_the_grader_says_why(tmp_pat
     for result in results:
         assert result["graded"] is False and result["score"] == 0.0
         assert "Triton is built for Linux only" in result["message"]
+
+
+def _mantissa_rounded(bits: int):
+    """The reference forward with its output rounded to ``bits`` mantissa bits: a kernel
+    some tens of times less accurate than PyTorch's float32 attention."""
+    from autograder.grading.judging.spec import load_chapter_tests
+
+    reference = load_chapter_tests("11_kernels").reference()
+    drop = (1 << (23 - bits)) - 1
+
+    def flash_attention_triton(q, k, v, causal=False):
+        out, lse = reference.flash_attention_triton(q, k, v, causal)
+        rounded = (out.view(torch.int32) + (drop + 1) // 2) & ~drop
+        return rounded.view(torch.float32), lse
+
+    return flash_attention_triton
+
+
+def test_the_hidden_tests_hold_kernels_to_flashattentions_rule_not_a_fixed_tolerance():
+    """An output rounded to 16 mantissa bits is within the "module" tolerance of the
+    reference, and about 30 times PyTorch's float32 error from the truth: it fails."""
+    from autograder.grading.judging.prepare import prepare
+    from autograder.grading.judging.spec import load_chapter_tests
+    from autograder.grading.judging.tolerances import LEVELS
+
+    tests = load_chapter_tests("11_kernels")
+    selected = [tests.test("k_fwd")]
+    rounded = _mantissa_rounded(16)
+    results = verdicts(tests, {"flash_attention_triton": rounded}, 0, selected)
+    assert not results["k_fwd"].passed
+    assert "FlashAttention's rule" in results["k_fwd"].message
+    (prepared,) = prepare(tests, selected, 0)
+    q, k, v = prepared.cases[0].args
+    out, _ = rounded(q, k, v)
+    tol = LEVELS["module"]
+    assert torch.allclose(out, prepared.expected[0]["value"][0], tol.rtol, tol.atol)
+
+
+def test_the_chapter_states_the_budgets_the_grader_applies():
+    from autograder.grading.judging.tolerances import FLASH_RULE, FLASH_RULE_GRADIENTS
+
+    page = (paths.REPO / "chapters/11_kernels/11_kernels.md").read_text()
+    stated = f"FORWARD_FACTOR, GRADIENT_FACTOR = {FLASH_RULE.factor:g}, "
+    assert stated + f"{FLASH_RULE_GRADIENTS.factor:g}  #" in page
+    assert FLASH_RULE.floor == FLASH_RULE_GRADIENTS.floor == 1e-6  # "plus 1e-6"
+
+
+def test_the_grader_runs_triton_in_its_interpreter_on_any_machine():
+    """Hidden tests pass CPU tensors: on a machine with a GPU too, the grader's reference
+    and the student's kernel run in the interpreter."""
+    from autograder.grading.running import execute
+    from autograder.grading.running.sandbox import zygote
+
+    assert execute._kernel_environment()["TRITON_INTERPRET"] == "1"
+    assert (
+        zygote.kernel_environment({"path": [], "threads": 1})["TRITON_INTERPRET"] == "1"
+    )
+    code = (
+        "import os; os.environ['TRITON_INTERPRET'] = '0'\n"
+        "from autograder.grading.judging.spec import load_chapter_tests\n"
+        "load_chapter_tests('11_kernels').reference()\n"
+        "print(os.environ['TRITON_INTERPRET'])\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", code], cwd=paths.REPO, capture_output=True, text=True
+    )
+    assert run.stdout.strip() == "1", run.stderr[-2000:]

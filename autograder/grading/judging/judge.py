@@ -18,7 +18,12 @@ import torch
 from autograder.grading.judging import delegation, outcomes
 from autograder.grading.judging.prepare import PreparedTest
 from autograder.grading.judging.spec import ChapterTests, HiddenTest, Mistake
-from autograder.grading.judging.tolerances import LEVELS, Tolerance
+from autograder.grading.judging.tolerances import (
+    FLASH_RULE,
+    FLASH_RULE_GRADIENTS,
+    LEVELS,
+    Tolerance,
+)
 from autograder.grading.running.student_code import StudentCode
 from autograder.grading.sealed import guard, probe
 from autograder.grading.sealed.probe import Outcome
@@ -115,7 +120,11 @@ def _raised(outcome: dict) -> str | None:
 
 
 def _outcome_problem(
-    test: HiddenTest, expected: dict, got: dict, tol: Tolerance
+    test: HiddenTest,
+    expected: dict,
+    got: dict,
+    tol: Tolerance,
+    per_output: list[Tolerance] | None = None,
 ) -> str | None:
     if "error" in expected:  # the docstring's contract: these arguments are refused
         if _raised(got) == _raised(expected):
@@ -127,13 +136,16 @@ def _outcome_problem(
     exp, val = expected["value"], got["value"]
     if test.outputs and isinstance(exp, list) and len(exp) == len(test.outputs):
         if isinstance(val, list) and len(val) == len(exp):
-            for name, e, g in zip(test.outputs, exp, val, strict=True):
-                problem = describe_difference(e, g, tol, f"`{name}`")
+            tols = per_output or [tol] * len(exp)
+            for name, e, g, t in zip(test.outputs, exp, val, tols, strict=True):
+                problem = describe_difference(e, g, t, f"`{name}`")
                 if problem:
                     return problem
             return None
         return f"expected a tuple ({', '.join(test.outputs)}), got {_kind(val)}"
-    return describe_difference(exp, val, tol, "the output")
+    return describe_difference(
+        exp, val, per_output[0] if per_output else tol, "the output"
+    )
 
 
 def _matches(expected: dict, got: dict, test: HiddenTest, tol: Tolerance) -> bool:
@@ -144,6 +156,13 @@ def _matches(expected: dict, got: dict, test: HiddenTest, tol: Tolerance) -> boo
 
 
 NO_RESULT = "no result: the notebook did not reach this test"
+
+FLASH_RULE_MESSAGE = (
+    f" (FlashAttention's rule: the error against the exact answer, computed in float64, "
+    f"may be at most {FLASH_RULE.factor:g} times the error PyTorch's plain float32 "
+    f"attention makes on the same inputs, {FLASH_RULE_GRADIENTS.factor:g} times for "
+    f"gradients, plus {FLASH_RULE.floor:g})"
+)
 
 
 def verdict(
@@ -204,9 +223,16 @@ def _compare_outputs(
     """The outputs against the reference's, case by case: the first failure explained."""
     test, cases, expected = prepared.test, prepared.cases, prepared.expected
     tol = LEVELS[test.level]
+    rule = ""
+    if prepared.exact is not None:  # FlashAttention's rule: against float64
+        expected, rule = prepared.exact, FLASH_RULE_MESSAGE
     for i, (c, e, g) in enumerate(zip(cases, expected, got, strict=True)):
-        problem = _outcome_problem(test, e, g, tol)
-        if problem:
+        per_output = None
+        if prepared.exact is not None:
+            per_output = [Tolerance(0.0, a) for a in prepared.allowed[i]]
+        problem = _outcome_problem(test, e, g, tol, per_output)
+        if problem and "max abs error" in problem:  # a numbers' difference
+            problem += rule
             where = f"case {i + 1} of {len(cases)}" + (
                 f" ({c.label})" if c.label else ""
             )

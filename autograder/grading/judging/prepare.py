@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import math
 import zlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from autograder.grading.judging.spec import Case, ChapterTests, HiddenTest
+from autograder.grading.judging.tolerances import (
+    FLASH_RULE,
+    FLASH_RULE_GRADIENTS,
+    ErrorBudget,
+)
 from autograder.grading.sealed import probe
 from autograder.grading.sealed.guard import ATTENTION_FEATURES
 from autograder.grading.sealed.probe import CallPlan, Outcome, TestPlan
@@ -20,6 +25,10 @@ class PreparedTest:
     cases: list[Case]
     calls: list[CallPlan]  # plain data sent to the student's kernel: inputs only
     expected: list[Outcome]  # the reference's outcomes, kept in the grader
+    # a test with a yardstick (FlashAttention's rule): per case, the float64 truth and
+    # each output's largest allowed error against it
+    exact: list[Outcome] | None = None
+    allowed: list[list[float]] = field(default_factory=list)
 
     @property
     def test_plan(self) -> TestPlan:
@@ -98,5 +107,73 @@ def prepare(
                     f"the reference fails hidden test {test.id} ({c.label}): "
                     f"{outcome.get('error') or 'it raised nothing'}"
                 )
+        if test.yardstick is not None:
+            p.exact, p.allowed = _flash_rule(reference, p)
         prepared.append(p)
     return prepared
+
+
+def _flash_rule(
+    reference: dict, p: PreparedTest
+) -> tuple[list[Outcome], list[list[float]]]:
+    """The yardstick's float64 outcomes, and what each output may differ from them: the
+    rule's multiple of the yardstick's own float32 error. The reference must meet it."""
+    namespace = {**reference, p.test.exercise: p.test.yardstick}
+    in32 = probe.run_test(namespace, p.plain_plan())
+    in64 = probe.run_test(namespace, _in_float64(p.plain_plan()))
+    allowed = []
+    for c, low, exact, ref in zip(p.cases, in32, in64, p.expected, strict=True):
+        if "error" in exact or "error" in low:
+            raise RuntimeError(f"the yardstick of {p.test.id} fails ({c.label})")
+        budgets = [
+            _rule(c, j).allowed(_largest_error(a, b))
+            for j, (a, b) in enumerate(
+                zip(_tensors(low["value"]), _tensors(exact["value"]), strict=True)
+            )
+        ]
+        errors = [
+            _largest_error(a, b)
+            for a, b in zip(
+                _tensors(ref["value"]), _tensors(exact["value"]), strict=True
+            )
+        ]
+        if any(e > b for e, b in zip(errors, budgets, strict=True)):
+            raise RuntimeError(
+                f"the reference fails hidden test {p.test.id} ({c.label}): errors "
+                f"{errors} against float64, allowed {budgets}"
+            )
+        allowed.append(budgets)
+    return in64, allowed
+
+
+def _rule(case: Case, output: int) -> ErrorBudget:
+    """The budget of one output: after the first, a call with an upstream gradient
+    returns gradients."""
+    return (
+        FLASH_RULE_GRADIENTS
+        if case.upstream_grad is not None and output
+        else FLASH_RULE
+    )
+
+
+def _tensors(value) -> list[torch.Tensor]:
+    return list(value) if isinstance(value, list) else [value]
+
+
+def _largest_error(got: torch.Tensor, exact: torch.Tensor) -> float:
+    return (got.double() - exact.double()).abs().max().item() if got.numel() else 0.0
+
+
+def _in_float64(plan: TestPlan) -> TestPlan:
+    """The same plan with every floating-point tensor in float64."""
+
+    def widen(value):
+        if isinstance(value, torch.Tensor) and value.is_floating_point():
+            return value.double()
+        if isinstance(value, list):
+            return [widen(v) for v in value]
+        if isinstance(value, dict):
+            return {k: widen(v) for k, v in value.items()}
+        return value
+
+    return widen(plan)

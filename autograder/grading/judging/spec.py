@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import ModuleType
@@ -159,6 +160,12 @@ class HiddenTest:
     # round-off cannot flip. Weights that fail are drawn again, so a correct answer never
     # loses a point to a near-tie (prepare.prepare).
     decisive: Callable[[Any, Case], bool] | None = None
+    # FlashAttention's rule instead of ``level`` for the verdict: a plain PyTorch
+    # computation of the exercise's math, called as the exercise is. The grader runs it in
+    # float64 (the truth) and in float32 on each case; the student's outputs may differ
+    # from the float64 ones by ``tolerances.FLASH_RULE`` of the float32 ones' error.
+    # ``level`` still decides which known mistake the outputs match.
+    yardstick: Any = None
 
     def __post_init__(self) -> None:
         if self.level not in LEVELS:
@@ -206,6 +213,10 @@ class ChapterTests:
         return [m for m in self.mistakes if m.exercise == exercise]
 
     def reference(self) -> ModuleType:
+        # The grader computes on CPU tensors, so a Triton kernel (chapter 11's reference)
+        # runs in Triton's interpreter, on a machine with a GPU too. Triton reads this once,
+        # when first imported: here, in the grader.
+        os.environ["TRITON_INTERPRET"] = "1"
         return importlib.import_module(f"solutions.{module_name(self.chapter)}")
 
 
