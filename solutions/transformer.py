@@ -7,6 +7,7 @@ notebook holds no copy of them. Their references are those chapters' own, import
 """
 
 import math
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -47,7 +48,9 @@ class SublayerConnection(nn.Module):
         self.dropout = nn.Dropout(dropout)
         self.norm_first = norm_first
 
-    def forward(self, x: torch.Tensor, sublayer) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, sublayer: Callable[[torch.Tensor], torch.Tensor]
+    ) -> torch.Tensor:
         if self.norm_first:
             # pre-norm: the residual path from x to the output carries no normalisation
             return x + self.dropout(sublayer(self.norm(x)))

@@ -83,7 +83,60 @@ def scaled_dot_product_attention(q, k, v, mask=None):
     return out, weights
 """
 
+# Asks the grader's stand-in for scaled_dot_product_attention (the course's answer, which
+# the grader gives only in a later exercise's second run) from inside the exercise's own
+# test, for whatever run it may be serving; with FORGE, after writing a result for every
+# test first, so that the grader would think the own tests done and hand a second run over.
+_ASK_THE_STAND_IN = """
+import json, os, time, torch
+from ipykernel import get_connection_file
+_folder = os.path.dirname(get_connection_file())
+_unscaled = scaled_dot_product_attention
+
+def _encoded(value):
+    tensors, blobs, offset = [], [], 0
+    def plain(v):
+        nonlocal offset
+        if isinstance(v, torch.Tensor):
+            raw = v.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+            tensors.append({"dtype": str(v.dtype)[6:], "shape": list(v.shape),
+                            "offset": offset, "nbytes": len(raw)})
+            blobs.append(raw)
+            offset += len(raw)
+            return {"__tensor__": len(tensors) - 1}
+        if isinstance(v, (list, tuple)):
+            return [plain(x) for x in v]
+        if isinstance(v, dict):
+            return {k: plain(x) for k, x in v.items()}
+        return v
+    header = json.dumps({"outcomes": plain(value), "tensors": tensors}).encode()
+    return b"AGR1" + len(header).to_bytes(4, "little") + header + b"".join(blobs)
+
+def scaled_dot_product_attention(q, k, v, mask=None):
+    if FORGE:
+        for i in range(12):
+            with open(f"{_folder}/result_{i}.res", "wb") as f:
+                f.write(_encoded([{"value": None}]))
+    request = _encoded([{"name": "scaled_dot_product_attention", "kind": "call",
+                         "args": [q, k, v, mask], "kwargs": {}}])
+    for index in range(12):
+        with open(f"{_folder}/oracle_{index}_99.req", "wb") as f:
+            f.write(request)
+    deadline = time.time() + 0.3
+    while time.time() < deadline:
+        for index in range(12):
+            try:
+                reply = torch.load(f"{_folder}/oracle_{index}_99.rep", weights_only=True)
+                return tuple(reply["value"])
+            except Exception:
+                pass
+        time.sleep(0.005)
+    return _unscaled(q, k, v, mask)
+"""
+
 ATTACKS = {
+    "stand_in_in_own_test": "FORGE = False\n" + _ASK_THE_STAND_IN,
+    "stand_in_after_forged_results": "FORGE = True\n" + _ASK_THE_STAND_IN,
     # the issue's example: the plans read at top level, the answers computed there
     "plans_at_top_level": _ANSWERS + "_harvest_once()\n",
     # and rewritten, with the fused function bound inside an `if`

@@ -101,8 +101,10 @@ def browser():
 def test_the_report_counts_what_the_class_did(course):
     a = data.read_assignment(course / "gradebook.db", CHAPTER)
     scores = {s.id: s.score for s in a.students}
-    assert scores == {"alice": 10, "bob": 0, "carol": 2, "dave": 2, "erin": 9,
-                      "frank": 2, "hank": 10}  # fmt: skip
+    # carol's, dave's and frank's SelfAttention is right: their mistake (or refusal) in
+    # scaled_dot_product_attention costs that exercise only (one mistake, charged once)
+    assert scores == {"alice": 10, "bob": 0, "carol": 4, "dave": 4, "erin": 9,
+                      "frank": 4, "hank": 10}  # fmt: skip
     mistakes = {(f.exercise, f.what): f.students for f in a.mistakes}
     assert mistakes[SDPA, "unscaled"] == ["carol", "dave"]
     (unscaled,) = [f for f in a.mistakes if (f.exercise, f.what) == (SDPA, "unscaled")]
@@ -111,6 +113,7 @@ def test_the_report_counts_what_the_class_did(course):
     )
     assert mistakes["padding_mask", "inverted"] == ["erin"]
     assert {s for f in a.mistakes for s in f.students} == {"carol", "dave", "erin"}
+    assert "SelfAttention" not in {f.exercise for f in a.mistakes}
     # the untouched notebook is no mistake: bob did not attempt any exercise, and is
     # kept out of the mistakes and of the candidates for a new known mistake
     exercises = {SDPA, "causal_mask", "padding_mask", "SelfAttention"}
@@ -126,10 +129,7 @@ def test_the_report_counts_what_the_class_did(course):
     assert set(passed) == {t.id for t in load_chapter_tests(CHAPTER).tests}
     assert passed["causal_mask_values"] == 6  # all but bob
     # frank's call of PyTorch's attention was refused by the guard, not a wrong answer
-    assert {(r["student"], r["exercise"]) for r in a.refusals} == {
-        ("frank", SDPA),
-        ("frank", "SelfAttention"),
-    }
+    assert {(r["student"], r["exercise"]) for r in a.refusals} == {("frank", SDPA)}
     assert all(
         r["route"] == f"PyTorch's attention ({SDPA}) switched off" for r in a.refusals
     )
@@ -152,8 +152,12 @@ def test_the_report_counts_what_the_class_did(course):
         and f"Read again: {address}" in e
         for e in errors
     )
+    # and SelfAttention's feedback names the exercise to fix
+    messages = [o.get("text", "") for c in feedback.cells for o in c.get("outputs", [])]
+    assert any(f"Fix `{SDPA}` first" in m for m in messages), messages
     assert a.hardest_first()[0] == SDPA  # lost by bob, carol, dave, frank
     assert a.lost_by(SDPA) == 4 and a.lost_by("causal_mask") == 1
+    assert a.lost_by("SelfAttention") == 1  # bob only: never attempted
 
 
 @pytest.mark.slow

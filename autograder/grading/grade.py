@@ -24,7 +24,7 @@ import nbformat
 from nbgrader.preprocessors import DeduplicateIds
 
 from autograder.grading.judging import delegation
-from autograder.grading.judging.judge import Verdict, verdict
+from autograder.grading.judging.judge import Verdict, attribute, verdict
 from autograder.grading.judging.prepare import PreparedTest, prepare
 from autograder.grading.judging.spec import (
     ChapterTests,
@@ -382,8 +382,10 @@ def _grade(
         code.cells, [(p.test.exercise, p.test.forbidden) for p in prepared]
     )
     verdicts = [
-        verdict(tests, p, g, code, reason) for p, g in zip(prepared, got, strict=True)
+        verdict(tests, p, g, code, reason, run.second_runs.get(i))
+        for i, (p, g) in enumerate(zip(prepared, got, strict=True))
     ]
+    attribute(verdicts, prepared)
     return verdicts, run, end
 
 

@@ -46,6 +46,10 @@ class Verdict:
     # guard refused a call of PyTorch's attention
     mistake: str | None = None
     refused: str | None = None
+    # passed only with the course's stand-ins for these earlier exercises (upstream.py),
+    # and how it failed with the student's own
+    stood_in: tuple[str, ...] = ()
+    own_failure: str = ""
 
     def __post_init__(self):
         # the message reaches the gradebook, the autograded notebook and the feedback
@@ -66,6 +70,7 @@ class Verdict:
             "message": self.message,
             "mistake": self.mistake,
             "refused": self.refused,
+            **({"stood_in": list(self.stood_in)} if self.stood_in else {}),
         }
 
 
@@ -171,26 +176,39 @@ def verdict(
     got: list[Outcome] | str | None,
     code: StudentCode,
     missing_reason: str = NO_RESULT,
+    second: list[Outcome] | str | None = None,
 ) -> Verdict:
     """The verdict on one hidden test: the outputs case by case. A call that PyTorch's
     attention guard refused (the test forbids it) fails the test with the guard's own
     message. The student's code as text never takes a point: it may only add a remark
     (``delegation.remarks``). ``got`` is untrusted (validated here); a string in its
-    place says why the test's result could not be used."""
+    place says why the test's result could not be used.
+
+    ``second``: the outcomes of the test's second run, with the course's stand-ins for
+    the earlier exercises it uses (``upstream.py``). The test passes if either run
+    passes, so a mistake in an earlier exercise never costs this one a point; when both
+    fail, the second run's failure is this exercise's own and is the one explained."""
     test = prepared.test
-    if got is not None and not isinstance(got, str):  # str: why the result was unusable
-        got = outcomes.validated(got, len(prepared.cases))
-    if got is None or isinstance(got, str):
-        found = Verdict(
-            test.id, test.points, False, missing_reason if got is None else got
-        )
-    else:
-        refused = _refused_by_guard(got) if prepared.guarded else None
-        found = (
-            Verdict(test.id, test.points, False, refused, refused=_route(refused))
-            if refused
-            else _compare_outputs(tests, prepared, got)
-        )
+    found = _judged(tests, prepared, got, missing_reason)
+    if not found.passed and prepared.stand_ins and _usable(second):
+        with_course = _judged(tests, prepared, second, missing_reason)
+        names = _named(prepared.upstream)
+        if with_course.passed:
+            found = Verdict(
+                test.id,
+                test.points,
+                True,
+                "",
+                stood_in=tuple(prepared.upstream),
+                own_failure=found.message,
+            )
+            found.message = _stood_in_message(found, test.description, "")
+        else:
+            with_course.message += (
+                f" (With the course's {names} standing in for yours, too: this "
+                f"mistake is `{test.exercise}`'s own.)"
+            )
+            found = with_course
     with delegation.READING_CODE:
         remark = delegation.remarks(
             code.cells, test.exercise, test.forbidden, code.given
@@ -199,6 +217,80 @@ def verdict(
         found.message = f"{found.message} {remark}"
         found.__post_init__()
     return found
+
+
+def _judged(tests, prepared, got, missing_reason) -> Verdict:
+    """One run's verdict, before any remark on the code."""
+    test = prepared.test
+    if got is not None and not isinstance(got, str):  # str: why the result was unusable
+        got = outcomes.validated(got, len(prepared.cases))
+    if got is None or isinstance(got, str):
+        return Verdict(
+            test.id, test.points, False, missing_reason if got is None else got
+        )
+    refused = _refused_by_guard(got) if prepared.guarded else None
+    if refused:
+        return Verdict(test.id, test.points, False, refused, refused=_route(refused))
+    return _compare_outputs(tests, prepared, got)
+
+
+def _usable(second) -> bool:
+    """A second run that says something: it ran, and no stand-in failed to serve (an
+    argument it cannot send, a gradient it cannot carry): then the first run decides."""
+    if second is None or isinstance(second, str) or not isinstance(second, list):
+        return False
+    return not any(
+        isinstance(o, dict) and probe.CANNOT_STAND_IN in str(o.get("error", ""))
+        for o in second
+    )
+
+
+def _named(names: list[str]) -> str:
+    quoted = [f"`{n}`" for n in names]
+    return (
+        quoted[0] if len(quoted) == 1 else ", ".join(quoted[:-1]) + " and " + quoted[-1]
+    )
+
+
+def _stood_in_message(v: Verdict, description: str, where: str) -> str:
+    return (
+        f"passed with the course's {_named(list(v.stood_in))} standing in for yours: "
+        f"{description}. With your own it fails, so the mistake is in an earlier "
+        f"exercise and costs no point here.{where} What differs with your own: "
+        f"{v.own_failure}"
+    )
+
+
+def attribute(verdicts: list[Verdict], prepared: list[PreparedTest]) -> None:
+    """In a test passed only with the stand-ins, name the place to fix: the earlier
+    exercises whose own tests here fail (not those that passed with stand-ins of their
+    own), or else those graded in another chapter."""
+    tested = {p.test.exercise for p in prepared}
+    wrong = {
+        p.test.exercise for v, p in zip(verdicts, prepared, strict=True) if not v.passed
+    }
+    for v, p in zip(verdicts, prepared, strict=True):
+        if not v.stood_in:
+            continue
+        culprits = [n for n in v.stood_in if n in wrong]
+        elsewhere = [n for n in v.stood_in if n not in tested]
+        if culprits:
+            their = "its" if len(culprits) == 1 else "their"
+            where = (
+                f" Fix {_named(culprits)} first: {their} own tests fail with your code."
+            )
+        elif elsewhere:
+            where = (
+                f" Check {_named(elsewhere)} against the feedback of the chapter that "
+                "grades it."
+            )
+        else:
+            where = (
+                " Each of them passes its own tests here: look for what your "
+                f"`{p.test.exercise}` expects of them beyond their docstrings."
+            )
+        v.message = _stood_in_message(v, p.test.description, where)
+        v.__post_init__()
 
 
 def _route(refusal: str) -> str:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from autograder.grading.judging import upstream
 from autograder.grading.judging.spec import Case, ChapterTests, HiddenTest
 from autograder.grading.judging.tolerances import (
     FLASH_RULE,
@@ -29,6 +30,10 @@ class PreparedTest:
     # each output's largest allowed error against it
     exact: list[Outcome] | None = None
     allowed: list[list[float]] = field(default_factory=list)
+    # the earlier exercises the second run replaces by the course's stand-ins
+    # (``upstream.py``): {"functions": [...], "modules": [...]}, or None: no second run
+    stand_ins: dict | None = None
+    reference_module: str = ""  # what answers the stand-ins (``solutions.<module>``)
 
     @property
     def test_plan(self) -> TestPlan:
@@ -43,6 +48,19 @@ class PreparedTest:
     @property
     def guarded(self) -> bool:
         return bool(ATTENTION_FEATURES & set(self.test.forbidden))
+
+    @property
+    def second_plan(self) -> TestPlan:
+        """The test again, with the earlier exercises it uses played by the course's
+        stand-ins (``probe._run_with_stand_ins``)."""
+        return {**self.test_plan, "oracle": self.stand_ins}
+
+    @property
+    def upstream(self) -> list[str]:
+        """The names the second run replaces, in order."""
+        if self.stand_ins is None:
+            return []
+        return sorted(self.stand_ins["functions"] + self.stand_ins["modules"])
 
     def plain_plan(self, exercise: str | None = None) -> TestPlan:
         """The same calls for the grader's own implementations (the reference, a known
@@ -109,6 +127,8 @@ def prepare(
                 )
         if test.yardstick is not None:
             p.exact, p.allowed = _flash_rule(reference, p)
+        p.stand_ins = upstream.stand_ins(reference, test.exercise, calls)
+        p.reference_module = reference["__name__"]
         prepared.append(p)
     return prepared
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import atexit
 import os
 import signal
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -17,6 +18,7 @@ import nbformat
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionComplete, DeadKernelError
 
+from autograder.grading.judging import upstream
 from autograder.grading.judging.prepare import PreparedTest
 from autograder.grading.running.limits import Limits
 from autograder.grading.running.sandbox import kill_kernel
@@ -100,6 +102,9 @@ class Run:
     marks: dict[str, float] = field(default_factory=dict)
     # for the instructor's review, read from the student's code (``delegation.flags``)
     flags: list[str] = field(default_factory=list)
+    # each test's second run, with the course's stand-ins for the earlier exercises it
+    # uses (``upstream.py``), by the test's index: its raw outcomes, as ``got``'s
+    second_runs: dict[int, list[dict] | str | None] = field(default_factory=dict)
 
 
 def run_notebook(
@@ -114,17 +119,24 @@ def run_notebook(
     a sealed window (``window.py``); returns each test's raw outcomes (None where none
     came back) and what went wrong."""
     student, numbers = _student_cells(nb, skip)
+    twice = [i for i, p in enumerate(prepared) if p.stand_ins]  # a second run too
+    plans = [p.test_plan for p in prepared] + [prepared[i].second_plan for i in twice]
+    oracle = None
+    if twice:
+        reference = vars(sys.modules[prepared[twice[0]].reference_module])
+        oracle = upstream.ReferenceServer(reference)
     window = SealedWindow(
         lambda: _kernel_pid(km),
         workdir,
-        {"tests": [p.test_plan for p in prepared], "seconds": limits.test},
+        {"tests": plans, "seconds": limits.test},
         seconds=limits.test,
         wait=limits.startup,
         max_bytes=int(limits.result_mb * 2**20),
         guard=guard.library_path(),
+        oracle=oracle,
     )
     probes = _probe_cells(workdir, limits.startup, str(guard.library_path()))
-    probe_time = limits.startup + limits.test * len(prepared) + 30
+    probe_time = limits.startup + limits.test * len(plans) + 30
     client, current = _client(
         student + probes, len(student), km, workdir, limits, probe_time
     )
@@ -164,7 +176,8 @@ def run_notebook(
         run.errors.append(window.problem)
     run.errors += _problems(client, numbers, limits)
     got = [_read_result(raw) for raw in window.results]
-    return got, run
+    run.second_runs = dict(zip(twice, got[len(prepared) :], strict=True))
+    return got[: len(prepared)], run
 
 
 def _start_window_at(index: int, current: dict, window: SealedWindow, marks: dict):

@@ -242,6 +242,17 @@ PLANS = "plans.pt"  # written by the grader into the kernel's folder, once seale
 GUARDED_PLANS = "plans_guarded.pt"  # written once the child has armed the guard
 PROOF = "proof.txt"  # the child's proof that the armed guard refuses: "refused"
 UNARMED = "unarmed"  # why the child could not arm the guard
+# A test of a later exercise runs a second time with the earlier exercises it uses
+# replaced by the course's (``upstream.py``): one such run at a time, each handed over
+# by the grader once the run before has been read (``window.SealedWindow``). The course's
+# code never enters this process: its stand-ins ask the grader, which computes the
+# reference outside the jail and answers only for the run it handed over.
+REFERENCE_PLAN = "reference_plan_{}.pt"  # a test index
+ORACLE_REQUEST = "oracle_{}.req"  # a request number: the child's question...
+ORACLE_REPLY = "oracle_{}.rep"  # ...and the grader's answer
+# what a stand-in says when it cannot stand in (an argument it cannot send, a gradient
+# it cannot carry): the second run then counts for nothing, and the first decides
+CANNOT_STAND_IN = "this run counts for nothing"
 
 
 def result_name(index):
@@ -278,7 +289,7 @@ def encode_result(outcomes) -> bytes:
             blobs.append(raw)
             offset += len(raw)
             return {"__tensor__": len(tensors) - 1}
-        if isinstance(value, list):
+        if isinstance(value, (list, tuple)):
             return [plain(v) for v in value]
         if isinstance(value, dict):
             return {k: plain(v) for k, v in value.items()}
@@ -515,6 +526,7 @@ def _sealed_child(namespace, folder, wait, guard):
         return
     plans = torch.load(os.path.join(folder, PLANS), weights_only=True)
     _run_plans(namespace, folder, plans)
+    _run_reference_plans(namespace, folder, plans, wait)
     if not plans["guarded"]:
         return
     try:
@@ -532,36 +544,181 @@ def _sealed_child(namespace, folder, wait, guard):
     if proof == "refused":
         guarded = torch.load(os.path.join(folder, GUARDED_PLANS), weights_only=True)
         _run_plans(namespace, folder, guarded)
+        _run_reference_plans(namespace, folder, guarded, wait)
+
+
+_ARMED = [False]
+_KEPT = []  # the student's objects stay alive until the end: no finaliser runs
+
+
+def _late(signum, frame):
+    if _ARMED[0]:
+        raise TimeoutError("past its time limit")
 
 
 def _run_plans(namespace, folder, plans):
+    import signal
+
+    signal.signal(signal.SIGALRM, _late)
+    for index, plan in zip(plans["indices"], plans["tests"], strict=True):
+        _run_one(namespace, folder, index, plan, plans["seconds"])
+
+
+def _run_reference_plans(namespace, folder, plans, wait):
+    """The phase's second runs, with the course's stand-ins: each plan comes once the
+    grader has read the result before it."""
+    import os
+
+    for index in plans.get("references", []):
+        path = os.path.join(folder, REFERENCE_PLAN.format(index))
+        if not _await(path, wait):
+            return
+        plan = torch.load(path, weights_only=True)
+        oracle = _Oracle(folder, index)
+        _run_one(namespace, folder, index, plan, plans["seconds"], oracle)
+
+
+def _run_one(namespace, folder, index, plan, seconds, oracle=None):
     import os
     import signal
 
-    armed = [False]
+    # past the limit, and again every 50 ms: a call that swallows the first interrupt,
+    # and the test's later calls, end too
+    _ARMED[0] = True
+    signal.setitimer(signal.ITIMER_REAL, seconds, 0.05)
+    try:
+        if oracle is None:
+            outcomes = run_test(namespace, plan, _KEPT)
+        else:
+            outcomes = _run_with_stand_ins(namespace, plan, oracle)
+    except BaseException as exc:  # a timeout between two calls, say
+        outcomes = [{"error": _describe(exc)}]
+    finally:
+        _ARMED[0] = False
+        signal.setitimer(signal.ITIMER_REAL, 0)
+    partial = os.path.join(folder, result_name(index) + ".part")
+    with open(partial, "wb") as f:
+        f.write(encode_result(outcomes))
+    os.rename(partial, os.path.join(folder, result_name(index)))
 
-    def late(signum, frame):
-        if armed[0]:
-            raise TimeoutError("past its time limit")
 
-    signal.signal(signal.SIGALRM, late)
-    kept = []  # the student's objects stay alive until the end: no finaliser runs
-    for index, plan in zip(plans["indices"], plans["tests"], strict=True):
-        # past the limit, and again every 50 ms: a call that swallows the first
-        # interrupt, and the test's later calls, end too
-        armed[0] = True
-        signal.setitimer(signal.ITIMER_REAL, plans["seconds"], 0.05)
-        try:
-            outcomes = run_test(namespace, plan, kept)
-        except BaseException as exc:  # a timeout between two calls, say
-            outcomes = [{"error": _describe(exc)}]
-        finally:
-            armed[0] = False
-            signal.setitimer(signal.ITIMER_REAL, 0)
-        partial = os.path.join(folder, result_name(index) + ".part")
-        with open(partial, "wb") as f:
-            f.write(encode_result(outcomes))
-        os.rename(partial, os.path.join(folder, result_name(index)))
+def _run_with_stand_ins(namespace, plan, oracle):
+    """The test's calls with the plan's earlier exercises replaced, in the notebook's
+    own namespace (where the student's code looks them up), by the course's stand-ins;
+    the student's own are put back after."""
+    stand_ins = {n: _remote_function(oracle, n) for n in plan["oracle"]["functions"]}
+    stand_ins.update({n: _remote_module(oracle, n) for n in plan["oracle"]["modules"]})
+    saved = {n: namespace[n] for n in stand_ins if n in namespace}
+    namespace.update(stand_ins)
+    try:
+        return run_test(namespace, plan, _KEPT)
+    finally:
+        for name in stand_ins:
+            if name in saved:
+                namespace[name] = saved[name]
+            else:
+                namespace.pop(name, None)
+
+
+class _Oracle:
+    """Asks the grader for the course's answer, one request at a time, and waits (the
+    test's time limit interrupts the wait)."""
+
+    def __init__(self, folder, index):
+        self.folder, self.index, self.count = folder, index, 0
+
+    def ask(self, name, request):
+        import os
+        import time
+
+        _check_plain(name, request)
+        number, self.count = f"{self.index}_{self.count}", self.count + 1
+        path = os.path.join(self.folder, ORACLE_REQUEST.format(number))
+        with open(path + ".part", "wb") as f:
+            f.write(encode_result([{"name": name, **request}]))
+        os.rename(path + ".part", path)
+        answer = os.path.join(self.folder, ORACLE_REPLY.format(number))
+        while not os.path.exists(answer):
+            time.sleep(0.0005)
+        reply = torch.load(answer, weights_only=True)
+        os.remove(answer)
+        if "error" in reply:
+            raise RuntimeError(
+                f"the course's `{name}` raised {reply['error']} on what your code "
+                "passed it"
+            )
+        return reply["value"]
+
+
+def _check_plain(name, value, depth=0):
+    """What a stand-in can send: tensors, numbers, strings, None, and lists, tuples and
+    dicts of them; no gradients, which it cannot carry back."""
+    if isinstance(value, torch.Tensor):
+        if value.requires_grad and torch.is_grad_enabled():
+            raise RuntimeError(
+                f"the course's `{name}` cannot carry gradients here: {CANNOT_STAND_IN}"
+            )
+        return
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return
+    if isinstance(value, (list, tuple)) and depth < 8:
+        for v in value:
+            _check_plain(name, v, depth + 1)
+        return
+    if isinstance(value, dict) and depth < 8:
+        for v in value.values():
+            _check_plain(name, v, depth + 1)
+        return
+    raise TypeError(
+        f"the course's `{name}` takes tensors, numbers and None here, not "
+        f"{type(value).__name__}: {CANNOT_STAND_IN}"
+    )
+
+
+def _remote_function(oracle, name):
+    def stand_in(*args, **kwargs):
+        return oracle.ask(name, {"kind": "call", "args": list(args), "kwargs": kwargs})
+
+    stand_in.__name__ = stand_in.__qualname__ = name
+    return stand_in
+
+
+def _place(module, key, value, buffer):
+    """Register ``value`` under a dotted ``key`` (``w_q.weight``), making the
+    submodules on the way."""
+    *path, leaf = key.split(".")
+    for part in path:
+        if not hasattr(module, part):
+            module.add_module(part, torch.nn.Module())
+        module = getattr(module, part)
+    if buffer:
+        module.register_buffer(leaf, value)
+    else:
+        module.register_parameter(leaf, torch.nn.Parameter(value))
+
+
+def _remote_module(oracle, name):
+    class StandIn(torch.nn.Module):
+        """The course's module: its parameters here (so that the test's weights load
+        into the student's module around it), its computation in the grader."""
+
+        def __init__(self, *args, **kwargs):
+            super().__init__()
+            self._course_init = [list(args), dict(kwargs)]
+            layout = oracle.ask(name, {"kind": "init", "init": self._course_init})
+            for key, value in layout["parameters"].items():
+                _place(self, key, value, buffer=False)
+            for key, value in layout["buffers"].items():
+                _place(self, key, value, buffer=True)
+
+        def forward(self, *args, **kwargs):
+            state = {k: v.detach() for k, v in self.state_dict().items()}
+            request = {"kind": "forward", "init": self._course_init, "state": state}
+            request.update(training=self.training, args=list(args), kwargs=kwargs)
+            return oracle.ask(name, request)
+
+    StandIn.__name__ = StandIn.__qualname__ = name
+    return StandIn
 
 
 def _reap():

@@ -84,6 +84,22 @@ def decode(raw: bytes) -> list | str:
         return f"{outcomes.UNREADABLE} ({type(exc).__name__})"
 
 
+def decode_request(raw: bytes | str | None) -> dict | str:
+    """A stand-in's request (``probe._Oracle``), written as a result file holding one
+    dict; a message when it is not one."""
+    if not isinstance(raw, bytes):
+        return raw or "no request"
+    try:
+        value = _decoded(raw)
+    except _Unreadable as why:
+        return f"unreadable request ({why})"
+    except (ValueError, TypeError, RecursionError, OverflowError, RuntimeError) as exc:
+        return f"unreadable request ({type(exc).__name__})"
+    if type(value) is not list or len(value) != 1 or type(value[0]) is not dict:
+        return "unreadable request (not the stand-in's)"
+    return value[0]
+
+
 class _Unreadable(Exception):
     pass
 

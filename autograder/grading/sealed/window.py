@@ -20,6 +20,14 @@ grader then:
 5. when the child has exited (or is killed past its time), reads the result files into
    memory and deletes them and the plans, and only then lets the others run again.
 
+A test of a later exercise also runs a second time, with the earlier exercises it uses
+played by the course's stand-ins (``probe.REFERENCE_PLAN``, ``judging/upstream.py``). In
+each phase these runs come after the phase's own tests, one at a time: the grader reads
+(and so fixes) every result before it, then hands over the run's plan, answers the
+stand-ins' requests for that run's exercises only, computing the reference itself, and
+reads the run's result before the next. An answer can therefore change no result but the
+run it was asked for, whatever the child writes or claims.
+
 The plans never exist on disk while a student process runs, and what the child writes is
 read before any other student process could change it.
 """
@@ -33,6 +41,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -185,12 +194,17 @@ class SealedWindow(threading.Thread):
         wait: float,
         max_bytes: int,
         guard: str | Path | None = None,
+        oracle: Callable[[dict], Any] | None = None,
     ):
         super().__init__(daemon=True)
         self.kernel_pid, self.folder, self.plans = kernel_pid, Path(folder), plans
         self.guard = None if guard is None else Path(guard)
         self.seconds, self.wait, self.max_bytes = seconds, wait, max_bytes
         self.results: list[bytes | str | None] = [None] * len(plans["tests"])
+        self.budget = result_reader.Budget(max_bytes)  # all the tests' files together
+        self.read: set[int] = set()  # results read (and fixed) before the child ended
+        # computes what a stand-in asks (``upstream.ReferenceServer``)
+        self.oracle = oracle
         self.problem: str | None = None
         # the grader's own failure: the notebook gets no grade
         self.fault: str | None = None
@@ -264,16 +278,30 @@ class SealedWindow(threading.Thread):
         return None
 
     def _phase(self, guarded: bool) -> dict:
-        indices = [
-            i
-            for i, t in enumerate(self.plans["tests"])
-            if bool(t.get("guarded")) == guarded
-        ]
+        """The phase's own tests, and the indices of its runs with stand-ins."""
+        own, references = [], []
+        for i, t in enumerate(self.plans["tests"]):
+            if bool(t.get("guarded")) == guarded:
+                (references if t.get("oracle") else own).append(i)
         return {
-            "tests": [self.plans["tests"][i] for i in indices],
-            "indices": indices,
+            "tests": [self.plans["tests"][i] for i in own],
+            "indices": own,
+            "references": references,
             "seconds": self.plans["seconds"],
         }
+
+    def _done(self, index: int) -> bool:
+        return index in self.read or (self.folder / probe.result_name(index)).exists()
+
+    def _read(self, indices: list[int]) -> None:
+        """Read these tests' results now (each once): what the child writes later for
+        them is never looked at."""
+        for i in indices:
+            if i not in self.read:
+                path = self.folder / probe.result_name(i)
+                self.results[i] = result_reader.read_file(path, self.budget)
+                path.unlink(missing_ok=True)
+                self.read.add(i)
 
     def _write(self, name: str, plans: dict) -> None:
         partial = self.folder / (name + ".part")
@@ -284,7 +312,7 @@ class SealedWindow(threading.Thread):
         """Write the plans for ``child`` in two phases and wait for it to finish (killed
         past its time: each test's limit, and a little more)."""
         first, second = self._phase(False), self._phase(True)
-        first["guarded"] = len(second["tests"])
+        first["guarded"] = len(second["indices"]) + len(second["references"])
         for stale in self.folder.glob("result_*"):  # left by the cells: no test ran yet
             stale.unlink(missing_ok=True)
         for stale in (probe.PROOF, probe.UNARMED, probe.GUARDED_PLANS):
@@ -295,14 +323,12 @@ class SealedWindow(threading.Thread):
             return  # already gone
         try:
             self._write(probe.PLANS, first)
+            runs = _StandInRuns(self, first)
             last = None
-            if second["tests"]:
-                limit = self.seconds * len(first["tests"]) + 10
-                armed = self._armed(child, fd, limit)
-                done_first = (
-                    not first["tests"]
-                    or (self.folder / probe.result_name(first["indices"][-1])).exists()
-                )
+            if first["guarded"]:
+                limit = self.seconds * runs.count + 10
+                armed = self._armed(child, fd, limit, runs)
+                done_first = not runs.count or self._done(runs.last)
                 if armed is None and not done_first:
                     # it ended inside a first-phase test: the student's code (os._exit,
                     # a crash) costs the tests left, as anywhere in the window
@@ -312,22 +338,29 @@ class SealedWindow(threading.Thread):
                     self.fault = self.fault or self._unarmed_why(child)
                     signal.pidfd_send_signal(fd, signal.SIGKILL)
                     return
-                for i in second["indices"]:  # none may come from the first phase
+                self._read(runs.all)  # fixed before any answer of the second phase
+                runs = _StandInRuns(self, second)
+                for i in runs.all:  # none may come from the first phase
                     (self.folder / probe.result_name(i)).unlink(missing_ok=True)
                 self._write(probe.GUARDED_PLANS, second)
-                last = second["indices"][-1]
-            elif first["tests"]:
-                last = first["indices"][-1]
-            limit = self.seconds * len(second["tests"] or first["tests"]) + 10
+            if runs.count:
+                last = runs.last
+            limit = self.seconds * runs.count + 10
             # poll, not select: a grader with many files open has descriptors past 1024
             waiting = select.poll()
             waiting.register(fd, select.POLLIN)
-            if not waiting.poll(limit * 1000):
+            deadline, exited = time.monotonic() + limit, False
+            while time.monotonic() < deadline:
+                if waiting.poll(int(_POLL * 1000)):
+                    exited = True
+                    break
+                runs.step()
+            if not exited:
                 signal.pidfd_send_signal(fd, signal.SIGKILL)
                 waiting.poll(10_000)
             elif last is not None:
-                self.ended_early = not (self.folder / probe.result_name(last)).exists()
-            if second["tests"]:
+                self.ended_early = not self._done(last)
+            if first["guarded"]:
                 try:
                     self.proof = (self.folder / probe.PROOF).read_text(
                         errors="replace"
@@ -337,7 +370,9 @@ class SealedWindow(threading.Thread):
         finally:
             os.close(fd)
 
-    def _armed(self, child: int, fd: int, limit: float) -> bool | None:
+    def _armed(
+        self, child: int, fd: int, limit: float, runs: _StandInRuns
+    ) -> bool | None:
         """Wait (at most ``limit`` seconds) until the child, seen from outside, has armed
         the guard: two seccomp filters more than the kernel, the guard mapped. None if it
         exits first without having said why it could not arm (``_hand_over`` tells a
@@ -358,6 +393,7 @@ class SealedWindow(threading.Thread):
                 and status.get("Threads") == "1"
             ):
                 return self.guard is None or guard.mapped(child, self.guard)
+            runs.step()
             time.sleep(_POLL)
         return False
 
@@ -398,17 +434,14 @@ class SealedWindow(threading.Thread):
                 f"process ({proof.strip() or 'nothing'}); the tests that forbid it do not "
                 "count and the notebook is not graded"
             )
-            for i in self._phase(True)["indices"]:
+            second = self._phase(True)
+            for i in second["indices"] + second["references"]:
                 self.results[i] = None
 
     def _collect(self) -> None:
         """Read each result file (all of them together at most ``max_bytes``), then delete what the window
         wrote or received: nothing stays for the thawed processes to read or change."""
-        budget = result_reader.Budget(self.max_bytes)  # all the tests' files together
-        for i in range(len(self.results)):
-            self.results[i] = result_reader.read_file(
-                self.folder / probe.result_name(i), budget
-            )
+        self._read([i for i in range(len(self.results)) if i not in self.read])
         free = os.statvfs(self.folder)
         if None in self.results and free.f_bavail * free.f_frsize < _SPARE:
             self.fault = f"the disk that holds {self.folder.parent} is full"
@@ -422,6 +455,71 @@ class SealedWindow(threading.Thread):
                     probe.PROOF,
                     probe.UNARMED,
                     "unsealed",
+                    "reference_plan_",
+                    "oracle_",
                 )
             ):
                 path.unlink(missing_ok=True)
+
+
+class _StandInRuns:
+    """A phase's runs with the course's stand-ins, handed over one at a time once every
+    result before them has been read (``step`` is called while the window waits)."""
+
+    def __init__(self, window: SealedWindow, phase: dict):
+        self.window, self.own, self.pending = (
+            window,
+            phase["indices"],
+            phase["references"],
+        )
+        self.all = self.own + self.pending
+        self.count, self.last = len(self.all), self.all[-1] if self.all else None
+        self.out: int | None = None  # the run handed over, whose result is awaited
+
+    def step(self) -> None:
+        window = self.window
+        if self.out is None:
+            if not self.pending or not all(window._done(i) for i in self.own):
+                return
+            window._read(self.own)
+            self.out = self.pending.pop(0)
+            for stale in window.folder.glob("oracle_*"):
+                stale.unlink(missing_ok=True)
+            plan = window.plans["tests"][self.out]
+            window._write(probe.REFERENCE_PLAN.format(self.out), plan)
+            return
+        self._answer_requests()
+        if window._done(self.out):
+            window._read([self.out])
+            self.own = [*self.own, self.out]
+            self.out = None
+
+    def _answer_requests(self) -> None:
+        window = self.window
+        allowed = window.plans["tests"][self.out]["oracle"]
+        prefix = f"oracle_{self.out}_"
+        for path in sorted(window.folder.glob(prefix + "*.req")):
+            number = path.name[len(prefix) : -len(".req")]
+            raw = result_reader.read_file(path, result_reader.Budget(window.max_bytes))
+            path.unlink(missing_ok=True)
+            reply = _answer(window.oracle, raw, allowed)
+            partial = window.folder / f"{prefix}{number}.rep.part"
+            torch.save(reply, partial)
+            partial.rename(
+                window.folder / probe.ORACLE_REPLY.format(f"{self.out}_{number}")
+            )
+
+
+def _answer(oracle, raw, allowed: dict) -> dict:
+    """The reply to one stand-in's request: ``{"value": ...}`` or ``{"error": ...}``."""
+    request = result_reader.decode_request(raw)
+    if isinstance(request, str):
+        return {"error": request}
+    kinds = {"call": allowed["functions"], "init": allowed["modules"]}
+    kinds["forward"] = allowed["modules"]
+    if oracle is None or request.get("name") not in kinds.get(request.get("kind"), ()):
+        return {"error": "no stand-in for that here"}
+    try:
+        return {"value": oracle(request)}
+    except Exception as exc:  # noqa: BLE001 (the course's code on the student's inputs)
+        return {"error": f"{type(exc).__name__}: {exc}"[:300]}

@@ -1,0 +1,210 @@
+"""The earlier exercises a test's exercise uses, and the course's answers for them.
+
+One mistake is charged once, where it was made. A hidden test of a later exercise
+(``MultiHeadAttention``) calls the student's earlier ones (``attention``) through the
+notebook's namespace, so an unscaled ``attention`` would fail both. Each such test
+therefore runs a second time in the sealed child with the earlier exercises replaced by
+stand-ins whose answers the grader computes from the reference (:class:`ReferenceServer`),
+outside the student's process: the course's code never enters it (``probe._Oracle``,
+``window._StandInRuns``). The test passes when either run passes; when only the second
+does, the feedback names the earlier exercise (``judge.verdict``, ``judge.attribute``).
+
+Which earlier exercises: every exercise of any chapter that the reference implementation
+of the tested one reaches through the names its code reads (following the references'
+own definitions, across chapters: chapter 6's layers reach chapter 4's attention), and
+every notebook name the test's calls pass as an argument. A function stands in as a
+function, an ``nn.Module`` class as a module whose parameters live in the child (the
+test's weights load into them) and whose forward runs in the grader. Anything else (an
+autograd Function, a Triton kernel) is not replaced, and a stand-in cannot carry
+gradients: there the second run counts for nothing and the first decides, as before.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import sys
+import types
+import typing
+from collections import OrderedDict
+from typing import Any
+
+import torch
+
+from autograder.grading.judging.spec import graded_chapters, load_chapter_tests
+from autograder.grading.sealed import probe
+
+
+@functools.cache
+def exercise_names() -> frozenset[str]:
+    """Every graded exercise of the course, by name."""
+    names: set[str] = set()
+    for chapter in graded_chapters():
+        names |= set(load_chapter_tests(chapter).exercises)
+    return frozenset(names)
+
+
+def _reads(value) -> set[str]:
+    """The global names a function's or a class's code reads (its methods' too)."""
+    codes = []
+    if inspect.isfunction(value):
+        codes.append(value.__code__)
+    else:
+        for attribute in vars(value).values():
+            if isinstance(attribute, property):
+                attribute = attribute.fget
+            function = getattr(
+                attribute, "__func__", attribute
+            )  # static, class methods
+            if inspect.isfunction(function):
+                codes.append(function.__code__)
+    names: set[str] = set()
+    while codes:
+        code = codes.pop()
+        names.update(code.co_names)
+        codes.extend(c for c in code.co_consts if inspect.iscode(c))
+    return names
+
+
+def _the_courses(value) -> bool:
+    """A function or class of the course's references (``solutions``)."""
+    module = getattr(value, "__module__", None) or ""
+    return module.split(".")[0] == "solutions" and (
+        inspect.isfunction(value) or inspect.isclass(value)
+    )
+
+
+def reached(reference: dict, exercise: str) -> set[str]:
+    """The other exercises the reference of ``exercise`` reaches, by their names."""
+    exercises = exercise_names()
+    found: set[str] = set()
+    todo, seen = [reference[exercise]], set()
+    while todo:
+        value = todo.pop()
+        if id(value) in seen or not _the_courses(value):
+            continue
+        seen.add(id(value))
+        defined_in = vars(sys.modules[value.__module__])
+        for name in _reads(value):
+            target = defined_in.get(name)
+            if target is not None and _the_courses(target):
+                if name in exercises and name != exercise:
+                    found.add(name)
+                todo.append(target)
+    return found
+
+
+_DATA = (torch.Tensor, int, float, bool, str, type(None), list, tuple, dict)
+
+
+def takes_data(function) -> bool:
+    """A reference whose parameters are all data, as its annotations say (tensors,
+    numbers, strings, None, and containers of them; a parameter without an annotation
+    counts as data): what a stand-in can send to the grader. ``SublayerConnection``
+    takes a function, ``sample`` a random generator: they never stand in."""
+    try:
+        hints = typing.get_type_hints(function)
+    except Exception:  # noqa: BLE001 (an annotation that does not resolve: not data)
+        return False
+    hints.pop("return", None)
+
+    def data(hint) -> bool:
+        origin = typing.get_origin(hint)
+        if origin is None:
+            return isinstance(hint, type) and issubclass(hint, _DATA)
+        if origin in (typing.Union, types.UnionType) or origin in _DATA:
+            return all(data(a) for a in typing.get_args(hint) if a is not Ellipsis)
+        return False
+
+    return all(data(h) for h in hints.values())
+
+
+def _passed_names(value) -> set[str]:
+    """The notebook names a plan passes as arguments (``spec.notebook_function``)."""
+    if isinstance(value, dict):
+        names = {value["notebook"]} if isinstance(value.get("notebook"), str) else set()
+        for v in value.values():
+            names |= _passed_names(v)
+        return names
+    if isinstance(value, list | tuple):
+        return set().union(*map(_passed_names, value)) if value else set()
+    return set()
+
+
+@functools.cache
+def _reached_in(module: str, exercise: str) -> frozenset[str]:
+    return frozenset(reached(vars(sys.modules[module]), exercise))
+
+
+def stand_ins(reference: dict, exercise: str, calls: list[dict]) -> dict | None:
+    """What a test's second run replaces: ``{"functions": [...], "modules": [...]}``, or
+    None when the exercise uses no other exercise that can stand in."""
+    names = set(_reached_in(reference["__name__"], exercise))
+    for call in calls:
+        names |= _passed_names([call["args"], call["kwargs"], call["init"]])
+    names.discard(exercise)
+    functions = sorted(
+        n
+        for n in names
+        if inspect.isfunction(reference.get(n)) and takes_data(reference[n])
+    )
+    modules = sorted(
+        n
+        for n in names
+        if inspect.isclass(reference.get(n))
+        and issubclass(reference[n], torch.nn.Module)
+        and takes_data(reference[n].forward)
+    )
+    if not functions and not modules:
+        return None
+    return {"functions": functions, "modules": modules}
+
+
+class ReferenceServer:
+    """Answers the stand-ins' requests with the reference, in the grader's process.
+    Requests are the student's: every module is sized on PyTorch's meta device before it
+    is built, so no request makes the grader allocate more than ``MAX_NUMBERS``."""
+
+    MAX_NUMBERS = 2**24  # a module's parameters and buffers together (64 MB of float32)
+    KEPT = 16  # modules built, kept for the requests that follow
+
+    def __init__(self, reference: dict):
+        self.reference = reference
+        self.modules: OrderedDict[str, torch.nn.Module] = OrderedDict()
+
+    def __call__(self, request: dict) -> Any:
+        target = self.reference[request["name"]]
+        args, kwargs = request.get("args", []), request.get("kwargs", {})
+        with torch.no_grad():
+            if request["kind"] == "call":
+                return probe._to_plain(target(*args, **kwargs))
+            module = self._module(target, request["init"])
+            state = module.state_dict()
+            if request["kind"] == "init":
+                parameters = dict(module.named_parameters())
+                return {
+                    "parameters": {k: v.clone() for k, v in parameters.items()},
+                    "buffers": {
+                        k: v.clone() for k, v in state.items() if k not in parameters
+                    },
+                }
+            module.load_state_dict(request["state"])
+            module.train(bool(request["training"]))
+            return probe._to_plain(module(*args, **kwargs))
+
+    def _module(self, cls, init) -> torch.nn.Module:
+        args, kwargs = init
+        key = f"{cls.__qualname__}{init!r}"
+        if key not in self.modules:
+            with torch.device("meta"):
+                size = sum(
+                    t.numel() for t in cls(*args, **kwargs).state_dict().values()
+                )
+            if size > self.MAX_NUMBERS:
+                raise ValueError(
+                    f"a {cls.__name__} of {size:,} numbers is more than the grader builds"
+                )
+            self.modules[key] = cls(*args, **kwargs)
+            while len(self.modules) > self.KEPT:
+                self.modules.popitem(last=False)
+        return self.modules[key]
