@@ -1,6 +1,7 @@
 """A class graded in parallel into nbgrader's gradebook records what serial
 ``nbgrader autograde`` records; shards run as separate processes merge into one gradebook."""
 
+import csv
 import datetime
 import json
 import os
@@ -243,6 +244,30 @@ def test_the_summary_prints_scores_as_the_gradebook_records_them(courses):
         assert re.search(r"full marks +2\n", out), out  # alice, frank; not erin
         assert re.search(r"zero +3\n", out), out  # bob (untouched), erin (late), gus
         assert not re.search(r"erin .* 10/10", out), out
+
+
+def test_the_lms_export_gives_each_student_what_nbgrader_export_gives(
+    courses, tmp_path
+):
+    """The class autograded for real (erin late, gus's file no notebook): each LMS's
+    file carries, for every roster student, the score `nbgrader export` gives."""
+    _, parallel, *_ = courses
+    _run(parallel, "-m", "nbgrader", "export", "--to", str(tmp_path / "grades.csv"))
+    with open(tmp_path / "grades.csv") as f:
+        expected = {r["student_id"]: float(r["score"]) for r in csv.DictReader(f)}
+    assert expected["erin"] == 0 and expected["alice"] == 10
+    for lms, who in (("moodle", "Username"), ("blackboard", "Username")):
+        out = tmp_path / f"{lms}.csv"
+        run = _run(
+            paths.REPO, "-m", "autograder", "export", "--lms", lms, "--assignment",
+            CHAPTER, "--course-dir", str(parallel), "--out", str(out),
+        )  # fmt: skip
+        with open(out, encoding="utf-8") as f:
+            got = {r[who]: float(r[CHAPTER]) for r in csv.DictReader(f)}
+        assert got == expected
+        assert f"LATE erin {CHAPTER}: 0 (graded 10, late penalty 10)" in run.stdout
+        assert f"NOT AUTOGRADED gus {CHAPTER}" in run.stdout
+        assert "PENALTY CHANGED" not in run.stdout  # the settings recorded it so
 
 
 CHECKSUM_CHANGED = re.compile(r"Attribute 'checksum' for cell (\S+) has changed")
