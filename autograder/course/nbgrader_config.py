@@ -55,6 +55,7 @@ try:
         prove_sandbox,
         recorded_hook,
     )
+    from autograder.grading.recording.owned_collect import OwnedCollect
     from autograder.grading.recording.safe_feedback import (
         FeedbackClearHiddenTests,
         FeedbackExporter,
@@ -74,6 +75,11 @@ except Exception as exc:  # noqa: BLE001
     raise SystemExit(3) from None
 
 c.CourseDirectory.course_id = COURSE_ID
+
+# `nbgrader collect` takes a submission only from the student it names: one whose files
+# another login owns (`nbgrader submit --student alice`, run by bob) is refused and
+# logged, and alice's own is collected (autograder/grading/recording/owned_collect.py).
+c.ExchangeFactory.collect = OwnedCollect
 
 # Late work (submitted after the due date set with `nbgrader db assignment add ...
 # --duedate=...`): "zero" records 0 points for it; "none" keeps its score.
