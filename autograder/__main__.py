@@ -436,7 +436,7 @@ def _export(args) -> int:
                 f"--column names assignment(s) not exported: {', '.join(unknown)}"
             )
         formats.check_match(course, args.lms, args.match)
-        text = formats.render(course, args.lms, headers, args.missing)
+        text = formats.render(course, args.lms, headers, args.missing, args.match)
     except gradebook.ExportError as exc:
         print(f"{exc}; nothing written", file=sys.stderr)
         return 2
@@ -695,14 +695,14 @@ def main(argv=None) -> int:
         help="folder for the page and the CSV (default: the course root's reports/)",
     )
     class_report.set_defaults(run=_class_report)
+    from autograder.lms import formats as lms_formats
+
     export = commands.add_parser(
         "export",
         help="the gradebook as an LMS's grade-import CSV (Canvas, Moodle, Blackboard "
         "Learn): every roster student, late penalties as the course's settings give",
     )
-    export.add_argument(
-        "--lms", required=True, choices=("canvas", "moodle", "blackboard")
-    )
+    export.add_argument("--lms", required=True, choices=lms_formats.LMSES)
     export.add_argument(
         "--assignment",
         help="one assignment, e.g. 03_self_attention (default: every assignment in the "
@@ -711,14 +711,14 @@ def main(argv=None) -> int:
     export.add_argument(
         "--match",
         default="id",
-        choices=("id", "email", "lms_user_id"),
+        choices=sorted({f for fields in lms_formats.MATCH.values() for f in fields}),
         help="the nbgrader student field the LMS finds each student by (default id: "
         "nbgrader's student id; Canvas: id or lms_user_id, Moodle: any, Blackboard: id)",
     )
     export.add_argument(
         "--missing",
         default="zero",
-        choices=("zero", "blank"),
+        choices=lms_formats.MISSING,
         help="a roster student with no submission: 0, as `nbgrader export` counts it "
         "(default), or an empty cell (a collected submission not in the gradebook is "
         "always left empty)",

@@ -104,8 +104,9 @@ def test_nbgrader_recorded_the_late_penalties_the_export_starts_from(course):
 CANVAS = [
     ["Student", "ID", "SIS User ID", "SIS Login ID", "Section", CH3, CH4],
     ["Points Possible", "", "", "", "", "10", "5"],
-    ["Liddell, Alice", "1001", "", "alice", "", "10", "3.5"],
-    ["Ng, Jr., Bob", "1002", "", "bob", "", "6.5", "0"],
+    # Canvas's ID column only with --match lms_user_id: Canvas reads it as its user id
+    ["Liddell, Alice", "", "", "alice", "", "10", "3.5"],
+    ["Ng, Jr., Bob", "", "", "bob", "", "6.5", "0"],
     ["carol", "", "", "carol", "", "", "0"],  # collected, not graded: empty
     ["Ore, Dave", "", "", "dave", "", "0", "0"],  # nothing submitted: 0
     ["Vale, Erin", "", "", "erin", "", "0", "0"],  # late: 0
@@ -165,8 +166,8 @@ def test_one_assignment_an_lms_column_and_missing_work_left_empty(course, capsys
         ["Student", "ID", "SIS User ID", "SIS Login ID", "Section",
          "Self-attention (4242)"],
         ["Points Possible", "", "", "", "", "10"],
-        ["Liddell, Alice", "1001", "", "alice", "", "10"],
-        ["Ng, Jr., Bob", "1002", "", "bob", "", "6.5"],
+        ["Liddell, Alice", "", "", "alice", "", "10"],
+        ["Ng, Jr., Bob", "", "", "bob", "", "6.5"],
         ["carol", "", "", "carol", "", ""],
         ["Ore, Dave", "", "", "dave", "", ""],
         ["Vale, Erin", "", "", "erin", "", "0"],
@@ -196,9 +197,9 @@ def test_an_existing_file_is_replaced_only_with_force(course, capsys):
         (["--lms", "moodle", "--match", "email"],
          "5 roster student(s) have no email in nbgrader's gradebook, which moodle "
          "needs to find them: bob, carol, dave, erin, frank. Add it with `nbgrader db "
-         "student add ID --email VALUE`"),
+         "student import roster.csv`, a CSV with the columns id and email"),
         (["--lms", "canvas", "--match", "lms_user_id"],
-         "4 roster student(s) have no lms_user_id"),
+         "4 roster student(s) have no lms_user_id (Canvas's user id: digits)"),
         (["--lms", "blackboard", "--match", "email"],
          "blackboard cannot identify students by email; it can by: id"),
         (["--lms", "canvas", "--assignment", "05_transformer"],

@@ -2,12 +2,14 @@
 
 - **Canvas** (Grades, Import; Instructure's "How do I import grades in the Gradebook?",
   https://community.canvaslms.com/t5/Instructor-Guide/How-do-I-import-grades-in-the-Gradebook/ta-p/807,
-  and a university's copy of its rules,
-  https://teaching.resources.osu.edu/toolsets/carmencanvas/guides/calculating-final-grades/import-csv-file-carmen-grades):
-  the columns Student, ID, SIS User ID, SIS Login ID and Section, then one column per
-  assignment; a row "Points Possible" under the header gives each new assignment its
-  points. A column that names no existing assignment creates one. A student is found by
-  ID (Canvas's user id) or SIS Login ID.
+  a university's copy of its rules,
+  https://teaching.resources.osu.edu/toolsets/carmencanvas/guides/calculating-final-grades/import-csv-file-carmen-grades,
+  and the importer itself, canvas-lms ``app/models/gradebook_importer.rb``): the columns
+  Student, ID, SIS User ID, SIS Login ID and Section, then one column per assignment; a
+  row whose first cell says "Points Possible" gives each new assignment its points. A
+  column that names no existing assignment (``Name (id)``, or its exact title) creates
+  one. A student is found by ID (Canvas's user id), else by SIS User ID, else by SIS
+  Login ID, else by name. An empty cell is "no score": it removes a score Canvas holds.
 - **Moodle** (Grade administration, Import, CSV file; https://docs.moodle.org/en/Grade_import):
   any columns; on the import page the instructor maps one column to a user field
   ("Identify user by": Map from a column, Map to username, email address or ID number)
@@ -38,8 +40,6 @@ MATCH = {
     "moodle": {"id": "Username", "email": "Email address", "lms_user_id": "ID number"},
     "blackboard": {"id": "Username"},
 }
-# what `nbgrader db student add` calls each field
-_FLAG = {"email": "--email", "lms_user_id": "--lms-user-id"}
 
 MISSING = ("zero", "blank")
 
@@ -64,22 +64,36 @@ def check_match(course: Course, lms: str, match: str) -> None:
             f"{lms} cannot identify students by {match}; it can by: "
             f"{', '.join(MATCH[lms])}"
         )
-    lacking = [s.id for s in course.students if not getattr(s, match)]
+    # Canvas reads its ID column as a number (its user id): "535fa0..." would find
+    # user 535, so an id that is not all digits is as good as none
+    digits = lms == "canvas" and match == "lms_user_id"
+    lacking = [
+        s.id
+        for s in course.students
+        if not getattr(s, match) or (digits and not getattr(s, match).isdigit())
+    ]
     if lacking:
+        what = f"{match} (Canvas's user id: digits)" if digits else match
         raise ExportError(
-            f"{len(lacking)} roster student(s) have no {match} in nbgrader's gradebook, "
+            f"{len(lacking)} roster student(s) have no {what} in nbgrader's gradebook, "
             f"which {lms} needs to find them: {', '.join(lacking)}. Add it with "
-            f"`nbgrader db student add ID {_FLAG.get(match, '')} VALUE` (it updates a "
-            "student who exists), or `nbgrader db student import roster.csv` with a "
-            f"{match} column; then export again"
+            f"`nbgrader db student import roster.csv`, a CSV with the columns id and "
+            f"{match} (it updates the students who exist, and only those columns; "
+            "`nbgrader db student add` would clear the fields it is not given); then "
+            "export again"
         )
 
 
 def render(
-    course: Course, lms: str, headers: dict[str, str], missing: str = "zero"
+    course: Course,
+    lms: str,
+    headers: dict[str, str],
+    missing: str = "zero",
+    match: str = "id",
 ) -> str:
     """The CSV text; ``headers``: each assignment's column name in the LMS (default:
-    the assignment's id)."""
+    the assignment's id); ``match``: the field the LMS finds students by (Canvas's ID
+    column is filled only when it is ``lms_user_id``, checked to be Canvas's)."""
     columns = [headers.get(a, a) for a in course.assignments]
     out = io.StringIO()
     if lms == "canvas":
@@ -93,8 +107,9 @@ def render(
         )  # fmt: skip
         for s in course.students:
             name = ", ".join(p for p in (s.last_name, s.first_name) if p) or s.id
+            canvas_id = s.lms_user_id if match == "lms_user_id" else ""
             w.writerow(
-                [name, s.lms_user_id, "", s.id, "",
+                [name, canvas_id, "", s.id, "",
                  *(_cell(s, a, missing) for a in course.assignments)]
             )  # fmt: skip
     elif lms == "moodle":
