@@ -10,10 +10,12 @@
   column that names no existing assignment (``Name (id)``, or its exact title) creates
   one. A student is found by ID (Canvas's user id), else by SIS User ID, else by SIS
   Login ID, else by name. An empty cell is "no score": it removes a score Canvas holds.
-- **Moodle** (Grade administration, Import, CSV file; https://docs.moodle.org/en/Grade_import):
-  any columns; on the import page the instructor maps one column to a user field
-  ("Identify user by": Map from a column, Map to username, email address or ID number)
-  and each grade column to a grade item (one that exists, or a new one).
+- **Moodle** (Grade administration, Import, CSV file; https://docs.moodle.org/en/Grade_import,
+  and the importer itself, moodle ``grade/import/csv/classes/load_data.php``): any
+  columns; on the import page the instructor maps one column to a user field ("Identify
+  user by": Map from a column, Map to username, email address, ID number or user id) and
+  each grade column to a grade item (one that exists, or a new one). A row whose user it
+  cannot find aborts the whole import; an empty cell is "no grade".
 - **Blackboard Learn** (Grade Center, Work Offline, Upload; "Uploading External Grade
   Center Items",
   http://library.blackboard.com/ref/36ba3329-e441-488a-93ce-7a55543cc999/Content/Grade%20Center/Uploading%20External%20Grade%20Center%20Items.htm):
