@@ -2,8 +2,9 @@
 ``edition OUT_DIR`` (the student edition of a course taught for credit), ``autograde
 ASSIGNMENT`` (a class into nbgrader's gradebook, in parallel), ``merge``
 (shards' results into the gradebook), ``check`` (is this machine ready to grade?) and
-``release`` (version, digests and the change log's freshness; ``--record`` at a release)
-and ``report [ASSIGNMENT]`` (the class report: what the class got wrong)."""
+``release`` (version, digests and the change log's freshness; ``--record`` at a release),
+``report [ASSIGNMENT]`` (the class report: what the class got wrong) and ``export --lms
+canvas|moodle|blackboard`` (the gradebook as an LMS's grade-import CSV)."""
 
 import argparse
 import json
@@ -139,6 +140,8 @@ def _autograde(args) -> int:
             print("--shard takes K/N with 1 <= K <= N, e.g. 2/8", file=sys.stderr)
             return 2
         shard = (k, n)
+    if _stamp(args, root) != 0:
+        return 2
     run = _ClassRun(args, root, shard)
     with ag.stop_on_signals():
         try:
@@ -147,6 +150,36 @@ def _autograde(args) -> int:
             name, status = ag.stopped_by(stop)
             run.stopped(name)
             return status
+
+
+def _stamp(args, root) -> int:
+    """``--timestamps``: hand-placed submissions' times, written before anything is
+    graded; and a word on those that carry none where a due date makes it matter."""
+    from autograder.grading.recording import autograde as ag
+    from autograder.grading.recording import timestamps
+
+    if args.timestamps:
+        try:
+            lines = timestamps.stamp(
+                root, args.assignment, timestamps.read(args.timestamps)
+            )
+        except (timestamps.StampError, OSError) as exc:
+            print(f"[autograder] {exc}", file=sys.stderr)
+            return 2
+        for line in lines:
+            print(f"[autograder] time of {line}", file=sys.stderr)
+    everyone = list(ag.submissions(root, args.assignment, args.student, True))
+    missing, due = timestamps.unstamped(root, args.assignment, everyone)
+    if missing:
+        print(
+            f"[autograder] {len(missing)} submission(s) carry no time (no timestamp.txt: "
+            f"placed by hand?), so nbgrader records them as on time although "
+            f"{args.assignment} is due {due}: {', '.join(missing[:10])}"
+            + (" ..." if len(missing) > 10 else "")
+            + "; give their times with --timestamps FILE (the instructor guide says how)",
+            file=sys.stderr,
+        )
+    return 0
 
 
 class _ClassRun:
@@ -378,6 +411,47 @@ def _class_report(args) -> int:
     return 0
 
 
+def _export(args) -> int:
+    from autograder.grading.recording import autograde as ag
+    from autograder.lms import formats, gradebook
+
+    root = ag.course_root(args.course_dir)
+    headers = {}
+    for pair in args.column:
+        assignment, sep, header = pair.partition("=")
+        if not sep or not header:
+            print(f"--column takes ASSIGNMENT=HEADER, not {pair!r}", file=sys.stderr)
+            return 2
+        headers[assignment] = header
+    stem = args.assignment or "course"
+    out = args.out or root / "exports" / f"{args.lms}-{stem}.csv"
+    if out.exists() and not args.force:
+        print(f"{out} exists: nothing written (--force replaces it)", file=sys.stderr)
+        return 2
+    try:
+        course = gradebook.read(root, args.assignment)
+        unknown = sorted(set(headers) - set(course.assignments))
+        if unknown:
+            raise gradebook.ExportError(
+                f"--column names assignment(s) not exported: {', '.join(unknown)}"
+            )
+        formats.check_match(course, args.lms, args.match)
+        text = formats.render(course, args.lms, headers, args.missing, args.match)
+    except gradebook.ExportError as exc:
+        print(f"{exc}; nothing written", file=sys.stderr)
+        return 2
+    for line in formats.notes(course, args.missing):
+        print(line)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text, encoding="utf-8")
+    print(
+        f"wrote {out}: {len(course.students)} student(s), "
+        f"{len(course.assignments)} assignment(s), for {args.lms}'s grade import "
+        "(student data: keep it out of git)"
+    )
+    return 0
+
+
 def _release(args) -> int:
     from autograder import release
     from autograder.grading.recording.provenance import digest_files
@@ -574,6 +648,15 @@ def main(argv=None) -> int:
     autograde.add_argument(
         "--results", type=Path, help="also write the results (JSON lines) here"
     )
+    autograde.add_argument(
+        "--timestamps",
+        type=Path,
+        metavar="CSV",
+        help="first write each hand-placed submission's time (nbgrader's "
+        "timestamp.txt, which the late penalty reads) from a CSV with the columns "
+        "student_id and timestamp, e.g. alice,2026-01-16 10:00:00 Europe/Berlin "
+        "(no zone: UTC); a submission that has a different time already is refused",
+    )
     merge = commands.add_parser(
         "merge", help="record shards' results files in the gradebook"
     )
@@ -612,7 +695,53 @@ def main(argv=None) -> int:
         help="folder for the page and the CSV (default: the course root's reports/)",
     )
     class_report.set_defaults(run=_class_report)
-    for command in (autograde, merge, class_report):
+    from autograder.lms import formats as lms_formats
+
+    export = commands.add_parser(
+        "export",
+        help="the gradebook as an LMS's grade-import CSV (Canvas, Moodle, Blackboard "
+        "Learn): every roster student, late penalties as the course's settings give",
+    )
+    export.add_argument("--lms", required=True, choices=lms_formats.LMSES)
+    export.add_argument(
+        "--assignment",
+        help="one assignment, e.g. 03_self_attention (default: every assignment in the "
+        "gradebook, one column each)",
+    )
+    export.add_argument(
+        "--match",
+        default="id",
+        choices=sorted({f for fields in lms_formats.MATCH.values() for f in fields}),
+        help="the nbgrader student field the LMS finds each student by (default id: "
+        "nbgrader's student id; Canvas: id or lms_user_id, Moodle: any, Blackboard: id)",
+    )
+    export.add_argument(
+        "--missing",
+        default="zero",
+        choices=lms_formats.MISSING,
+        help="a roster student with no submission: 0, as `nbgrader export` counts it "
+        "(default), or an empty cell (a collected submission not in the gradebook is "
+        "always left empty)",
+    )
+    export.add_argument(
+        "--column",
+        action="append",
+        default=[],
+        metavar="ASSIGNMENT=HEADER",
+        help="the LMS's own name of an assignment's column, as its grade export heads it "
+        "(repeatable; default: the assignment id, which makes a new column)",
+    )
+    export.add_argument(
+        "--out",
+        type=Path,
+        help="the CSV file (default: the course root's exports/<lms>-<assignment or "
+        "course>.csv, which git ignores)",
+    )
+    export.add_argument(
+        "--force", action="store_true", help="replace the file if it exists"
+    )
+    export.set_defaults(run=_export)
+    for command in (autograde, merge, class_report, export):
         command.add_argument(
             "--course-dir",
             type=Path,

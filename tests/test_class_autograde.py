@@ -1,6 +1,7 @@
 """A class graded in parallel into nbgrader's gradebook records what serial
 ``nbgrader autograde`` records; shards run as separate processes merge into one gradebook."""
 
+import csv
 import datetime
 import json
 import os
@@ -57,9 +58,18 @@ TIMESTAMPS = {s: "2026-01-14 10:00:00.000000 UTC" for s in SUBMISSIONS} | {
 }
 
 
-def _course(root):
+# the same times as an instructor who placed the submissions by hand writes them down
+# for `autograde --timestamps` (erin's 11:00 in Berlin is 10:00 UTC)
+HAND_TIMES = (
+    "student_id,timestamp\n"
+    + "".join(f"{s},2026-01-14 10:00:00\n" for s in SUBMISSIONS if s != "erin")
+    + "erin,2026-01-16 11:00:00 Europe/Berlin\n"
+)
+
+
+def _course(root, stamped=True):
     class_course(
-        root, CHAPTER, SUBMISSIONS, TIMESTAMPS
+        root, CHAPTER, SUBMISSIONS, TIMESTAMPS if stamped else None
     )  # the course's config: late work 0
     _run(root, "-m", "nbgrader", "db", "assignment", "add", CHAPTER,
          f"--duedate={DUE.isoformat()}")  # fmt: skip
@@ -92,7 +102,9 @@ def _feedback_text(root, student):
 @pytest.fixture(scope="module")
 def courses(tmp_path_factory):
     base = tmp_path_factory.mktemp("class")
-    serial, parallel, sharded = (_course(base / n) for n in ("serial", "par", "shard"))
+    serial, sharded = _course(base / "serial"), _course(base / "shard")
+    parallel = _course(base / "par", stamped=False)  # placed by hand: no times
+    (base / "times.csv").write_text(HAND_TIMES)
     _run(serial, "-m", "nbgrader", "generate_assignment", CHAPTER, "--force")
     # gus's file is no notebook: nbgrader says so and exits 1 after grading the rest
     serial_run = _run(serial, "-m", "nbgrader", "autograde", CHAPTER,
@@ -102,7 +114,8 @@ def courses(tmp_path_factory):
     # recording and feedback on two workers, each over half of the class
     run = _run(
         paths.REPO, "-m", "autograder", "autograde", CHAPTER, "--jobs", "2",
-        "--feedback", "--seed", "7", "--course-dir", str(parallel), status=1,
+        "--feedback", "--seed", "7", "--course-dir", str(parallel),
+        "--timestamps", str(base / "times.csv"), status=1,
     )  # fmt: skip
     shard_files = []
     for k in (1, 2):
@@ -136,6 +149,10 @@ def test_parallel_autograde_records_what_serial_nbgrader_records(courses):
         expected["erin"]["penalty"] == 10
     )  # raw score 10, late penalty 10: 0 in the export
     assert "NOT AUTOGRADED gus" in run.stdout  # nbgrader could not read it, either way
+    # the parallel class was placed by hand, its times given with --timestamps: nbgrader
+    # recorded the same times as the exchange's, and the same late penalty
+    assert "time of erin: submitted 2026-01-16 10:00:00 UTC" in run.stderr
+    assert "carry no time" not in run.stderr
     for student in set(SUBMISSIONS) - {"gus"}:
         assert _feedback_text(parallel, student) == _feedback_text(serial, student)
     # frank's edited locked cell is restored before his fingerprint is taken, as nbgrader
@@ -243,6 +260,30 @@ def test_the_summary_prints_scores_as_the_gradebook_records_them(courses):
         assert re.search(r"full marks +2\n", out), out  # alice, frank; not erin
         assert re.search(r"zero +3\n", out), out  # bob (untouched), erin (late), gus
         assert not re.search(r"erin .* 10/10", out), out
+
+
+def test_the_lms_export_gives_each_student_what_nbgrader_export_gives(
+    courses, tmp_path
+):
+    """The class autograded for real (erin late, gus's file no notebook): each LMS's
+    file carries, for every roster student, the score `nbgrader export` gives."""
+    _, parallel, *_ = courses
+    _run(parallel, "-m", "nbgrader", "export", "--to", str(tmp_path / "grades.csv"))
+    with open(tmp_path / "grades.csv") as f:
+        expected = {r["student_id"]: float(r["score"]) for r in csv.DictReader(f)}
+    assert expected["erin"] == 0 and expected["alice"] == 10
+    for lms, who in (("moodle", "Username"), ("blackboard", "Username")):
+        out = tmp_path / f"{lms}.csv"
+        run = _run(
+            paths.REPO, "-m", "autograder", "export", "--lms", lms, "--assignment",
+            CHAPTER, "--course-dir", str(parallel), "--out", str(out),
+        )  # fmt: skip
+        with open(out, encoding="utf-8") as f:
+            got = {r[who]: float(r[CHAPTER]) for r in csv.DictReader(f)}
+        assert got == expected
+        assert f"LATE erin {CHAPTER}: 0 (graded 10, late penalty 10)" in run.stdout
+        assert f"NOT AUTOGRADED gus {CHAPTER}" in run.stdout
+        assert "PENALTY CHANGED" not in run.stdout  # the settings recorded it so
 
 
 CHECKSUM_CHANGED = re.compile(r"Attribute 'checksum' for cell (\S+) has changed")

@@ -196,7 +196,10 @@ def _run_term(t: Term) -> Term:
     # 6. A submits in B's name, and in the name of a student who has not submitted
     for other in (bob, t.nobody):
         users.nbgrader(alice, "submit", CHAPTER, "--course", COURSE, "--student", other)
-    runs["collect again"] = users.nbgrader(instructor, "collect", CHAPTER, cwd=root)
+    # --update: nbgrader's own collect would put A's in place of B's own
+    runs["collect again"] = users.nbgrader(
+        instructor, "collect", CHAPTER, "--update", cwd=root
+    )
     return t
 
 
@@ -272,17 +275,19 @@ def test_no_checksum_warnings_for_untampered_submissions(term):
         assert not re.search(r"Attribute 'checksum' .* has changed", log), log[-3000:]
 
 
-def test_collect_warns_of_a_submission_in_another_students_name(term):
+def test_collect_refuses_a_submission_in_another_students_name(term):
     """nbgrader takes --student at its word; only the owner of the folder in the
-    exchange tells who really submitted it, and collect prints it."""
+    exchange tells who really submitted it. The course's collect refuses such a
+    submission, says so, and keeps the named student's own, even with --update."""
     alice, bob = term.students["alice"], term.students["bob"]
-    assert "cheating attempt" not in term.runs["collect"].stderr
+    assert "REFUSED" not in term.runs["collect"].stderr
     log = term.runs["collect again"].stderr
     for other in (bob, term.nobody):
         assert re.search(
-            rf"claims to be submitted by {other} but is owned by {alice}; cheating",
+            rf"REFUSED .+?: it names {other} but is owned by {alice}; not collected",
             log,
         ), log[-3000:]
+    assert "cheating attempt" not in log
     # the exchange keeps each, owned by who really submitted it
     inbound = term.exchange / COURSE / "inbound"
     owners = {p.name.split("+")[0] + " by " + p.owner() for p in inbound.iterdir()}
@@ -290,13 +295,13 @@ def test_collect_warns_of_a_submission_in_another_students_name(term):
         f"{bob} by {alice}",
         f"{term.nobody} by {alice}",
     }
-    # without --update, collect left B's own submission as it was; the other name, which
-    # had none, now has A's
+    # B's own submission stays collected, though A's in his name is newer; the name
+    # with no submission of its own gets none
     submitted = term.course_root / "submitted"
     assert nbformat.read(
         submitted / bob / CHAPTER / f"{CHAPTER}.ipynb", as_version=4
     ) == nbformat.read(term.work("bob") / f"{CHAPTER}.ipynb", as_version=4)
-    assert (submitted / term.nobody / CHAPTER / f"{CHAPTER}.ipynb").is_file()
+    assert not (submitted / term.nobody).exists()
 
 
 PROBE = r"""

@@ -13,6 +13,7 @@ Instructors run nbgrader's commands from here, as its documentation describes::
 """
 
 import functools
+import importlib.util
 import sys
 import warnings
 from pathlib import Path
@@ -55,6 +56,7 @@ try:
         prove_sandbox,
         recorded_hook,
     )
+    from autograder.grading.recording.owned_collect import OwnedCollect
     from autograder.grading.recording.safe_feedback import (
         FeedbackClearHiddenTests,
         FeedbackExporter,
@@ -74,6 +76,15 @@ except Exception as exc:  # noqa: BLE001
     raise SystemExit(3) from None
 
 c.CourseDirectory.course_id = COURSE_ID
+
+# `nbgrader collect` takes a submission only from the student it names: one whose files
+# another login owns (`nbgrader submit --student alice`, run by bob) is refused and
+# logged, and alice's own is collected (autograder/grading/recording/owned_collect.py).
+# For nbgrader's own exchange (a folder) only: where ngshare is installed, its exchange
+# (set in the global config, which this file would override) knows who submitted.
+# `c.CollectApp.check_owner = False` turns the check off (one uid for every user).
+if importlib.util.find_spec("ngshare_exchange") is None:
+    c.ExchangeFactory.collect = OwnedCollect
 
 # Late work (submitted after the due date set with `nbgrader db assignment add ...
 # --duedate=...`): "zero" records 0 points for it; "none" keeps its score.
