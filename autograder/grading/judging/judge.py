@@ -323,8 +323,9 @@ def _compare_outputs(
         if prepared.exact is not None:
             per_output = [Tolerance(0.0, a) for a in prepared.allowed[i]]
         problem = _outcome_problem(test, e, g, tol, per_output)
-        if problem and "max abs error" in problem:  # a numbers' difference
-            problem += rule
+        if problem:
+            if "max abs error" in problem:  # a difference of numbers: the rule applies
+                problem += rule
             where = f"case {i + 1} of {len(cases)}" + (
                 f" ({c.label})" if c.label else ""
             )
