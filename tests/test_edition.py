@@ -476,3 +476,20 @@ def test_the_editions_book_renders_as_the_courses(sites, page):
 def test_an_editions_chapter_page_meets_wcag_21_aa(sites):
     _, published, chromium = sites
     assert not chromium.accessibility_violations(published.url + PAGES[1])
+
+
+def test_the_editions_build_shows_its_progress_page_by_page():
+    """The edition's book build streams Sphinx's and myst-nb's progress lines, and only
+    those (an instructor sees how far it has come, not Sphinx's every line)."""
+    shown = [
+        "reading sources... [ 45%] chapters/04_multi_head/04_multi_head",
+        "writing output... [100%] intro",
+        "Executing: chapters/03_self_attention/03_self_attention.md",
+        "Executed chapters/03_self_attention/03_self_attention.md in 12.3s",
+    ]
+    hidden = [
+        "WARNING: duplicate label",
+        "building [html]: targets for 20 source files",
+    ]
+    assert all(edition.PROGRESS.search(line) for line in shown)
+    assert not any(edition.PROGRESS.search(line) for line in hidden)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -109,14 +110,34 @@ def build_book(work: Path, cache: Path | None = None) -> Path:
     config = work / "_config.yml"
     config.write_text(yaml.safe_dump(edition_book_config(cache), sort_keys=False))
     command = book_command(path_output=work) + ["--config", str(config)]
-    run = subprocess.run(command, env=book_env(), capture_output=True, text=True)
-    if run.returncode != 0:
-        raise RuntimeError(
-            "the edition's book did not build:\n"
-            + run.stdout[-4000:]
-            + run.stderr[-4000:]
-        )
+    say(
+        "building the edition's book: chapters already executed (by `python -m "
+        "autograder book` or an earlier edition) are reused, the others run now"
+    )
+    build = subprocess.Popen(
+        command,
+        env=book_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    tail: list[str] = []
+    for line in build.stdout:
+        tail = [*tail[-200:], line]
+        if PROGRESS.search(line):  # Sphinx's "[ 45%] page", myst-nb's executions
+            say(line.strip())
+    if build.wait() != 0:
+        raise RuntimeError("the edition's book did not build:\n" + "".join(tail))
     return work / "_build" / "html"
+
+
+# the lines of the book's build that show how far it has come
+PROGRESS = re.compile(r"\[\s*\d+%\]|[Ee]xecut(ing|ed)")
+
+
+def say(line: str) -> None:
+    """A line of progress, on standard error (standard output says what was written)."""
+    print(f"[edition] {line}", file=sys.stderr, flush=True)
 
 
 def strip_book_only(path: Path) -> None:
