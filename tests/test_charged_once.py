@@ -80,7 +80,9 @@ def test_a_later_exercises_own_mistake_still_costs_it_and_is_named_its_own(grade
 
 def test_across_chapters_chapter_6_charges_chapter_4s_mistake_nothing(graded):
     tests = graded["ch6_unscaled"]
-    assert all(t["score"] == t["max_score"] for t in tests.values())
+    lost = {i for i, t in tests.items() if t["score"] < t["max_score"]}
+    # load_torch_weights is no forward: the stand-ins cannot play it, the first run decides
+    assert lost == {"encoder_layer_torch_weights"}
     # exercise 0's own test of attention (worth no points here) names the mistake
     assert not tests["ch6_mh_attention_heads"]["passed"]
     for layer in ("encoder_layer_values", "decoder_stack", "transformer_forward"):

@@ -711,6 +711,15 @@ def _remote_module(oracle, name):
             for key, value in layout["buffers"].items():
                 _place(self, key, value, buffer=True)
 
+        def __getattr__(self, attribute):
+            try:  # its parameters, buffers and submodules
+                return super().__getattr__(attribute)
+            except AttributeError:
+                raise AttributeError(
+                    f"the course's `{name}` stands in with its forward only, not "
+                    f"`{attribute}`: {CANNOT_STAND_IN}"
+                ) from None
+
         def forward(self, *args, **kwargs):
             state = {k: v.detach() for k, v in self.state_dict().items()}
             request = {"kind": "forward", "init": self._course_init, "state": state}
