@@ -111,7 +111,7 @@ def _request(name, kind, **fields):
 def test_the_grader_answers_only_what_the_run_handed_over_allows():
     reference = vars(load_chapter_tests("04_multi_head").reference())
     server = upstream.ReferenceServer(reference)
-    allowed = {"functions": ["attention"], "modules": []}
+    allowed = {"functions": ["attention"], "modules": [], "largest": [4, 24]}
     q = torch.randn(1, 2, 3, 4)
     ok = _answer(
         server, _request("attention", "call", args=[q, q, q], kwargs={}), allowed
@@ -131,7 +131,7 @@ def test_the_grader_answers_only_what_the_run_handed_over_allows():
 
 def test_a_module_the_grader_would_build_too_large_is_refused_unbuilt():
     reference = vars(load_chapter_tests("04_multi_head").reference())
-    allowed = {"functions": [], "modules": [MHA]}
+    allowed = {"functions": [], "modules": [MHA], "largest": [2**15, 64]}
     huge = _request(MHA, "init", init=[[2**15, 2], {}])  # 4 x 2^30 weights
     reply = _answer(upstream.ReferenceServer(reference), huge, allowed)
     assert "more than the grader builds" in reply["error"]

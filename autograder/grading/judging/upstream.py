@@ -157,7 +157,26 @@ def stand_ins(reference: dict, exercise: str, calls: list[dict]) -> dict | None:
     )
     if not functions and not modules:
         return None
-    return {"functions": functions, "modules": modules}
+    return {"functions": functions, "modules": modules, "largest": largest(calls)}
+
+
+def largest(calls: list[dict]) -> list[int]:
+    """The largest dimension (or integer argument: a width, a length) and the largest
+    tensor among a test's calls: what bounds a stand-in's arguments (``window.within``)."""
+    side, numel = 1, 1
+    todo = list(calls)
+    while todo:
+        value = todo.pop()
+        if isinstance(value, torch.Tensor):
+            side = max(side, *value.shape, 1)
+            numel = max(numel, value.numel())
+        elif isinstance(value, int) and not isinstance(value, bool):
+            side = max(side, abs(value))
+        elif isinstance(value, list | tuple):
+            todo.extend(value)
+        elif isinstance(value, dict):
+            todo.extend(value.values())
+    return [side, numel]
 
 
 class ReferenceServer:

@@ -511,15 +511,48 @@ class _StandInRuns:
 
 
 def _answer(oracle, raw, allowed: dict) -> dict:
-    """The reply to one stand-in's request: ``{"value": ...}`` or ``{"error": ...}``."""
+    """The reply to one stand-in's request: ``{"value": ...}`` or ``{"error": ...}``.
+    The request is the student's: what it names must be this run's, and its sizes those
+    of the test (``within``), so that the reference's cost stays that of a test."""
     request = result_reader.decode_request(raw)
     if isinstance(request, str):
         return {"error": request}
+    name, kind = request.get("name"), request.get("kind")
     kinds = {"call": allowed["functions"], "init": allowed["modules"]}
     kinds["forward"] = allowed["modules"]
-    if oracle is None or request.get("name") not in kinds.get(request.get("kind"), ()):
+    if oracle is None or type(name) is not str or type(kind) is not str:
         return {"error": "no stand-in for that here"}
+    if name not in kinds.get(kind, ()):
+        return {"error": "no stand-in for that here"}
+    parts = [request.get(k) for k in ("args", "kwargs", "init")]
+    if not within(parts, *allowed["largest"]):
+        return {"error": "larger than anything this test passes: not computed"}
     try:
         return {"value": oracle(request)}
     except Exception as exc:  # noqa: BLE001 (the course's code on the student's inputs)
         return {"error": f"{type(exc).__name__}: {exc}"[:300]}
+
+
+SIZE_FACTOR = 4  # how much larger than the test's own a stand-in's argument may be
+
+
+def within(value, side: int, numel: int, depth: int = 0) -> bool:
+    """Every tensor no longer in any dimension than ``SIZE_FACTOR`` times ``side``
+    and no larger than that times ``numel``; every integer no larger than that times
+    ``side`` (a width, a count of layers); nothing nested deeper than a plan."""
+    if depth > 8:
+        return False
+    if isinstance(value, torch.Tensor):
+        return (
+            all(n <= SIZE_FACTOR * side for n in value.shape)
+            and value.numel() <= SIZE_FACTOR * numel
+        )
+    if isinstance(value, bool) or value is None or isinstance(value, float | str):
+        return True
+    if isinstance(value, int):
+        return abs(value) <= SIZE_FACTOR * side
+    if isinstance(value, list | tuple):
+        return all(within(v, side, numel, depth + 1) for v in value)
+    if isinstance(value, dict):
+        return all(within(v, side, numel, depth + 1) for v in value.values())
+    return False
