@@ -218,3 +218,13 @@ def test_a_refusal_is_explained_once():
     assert page.count("PyTorch") == 3  # each refused test still names what was refused
     assert page.count("the first test above that says so") == 2
     assert nb.cells[2].outputs[0].evalue == refusal  # the notebook itself is unchanged
+
+
+def test_math_in_a_heading_stays_math():
+    """nbconvert anchors a heading from its text alone: the math is put back."""
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_markdown_cell("## Without the $n \\times n$ matrix\n")]
+    page = _page(nb)
+    heading = re.search(r"<h2 [^>]*>.*?</h2>", page, re.S).group(0)
+    assert "<math" in heading and "<mo>×</mo>" in heading, heading
+    assert 'class="anchor-link"' in heading

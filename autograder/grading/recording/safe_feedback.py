@@ -53,6 +53,8 @@ TAGS = frozenset(
 # an output's image, which nbconvert writes with no alt: the text nbconvert gives it
 NO_ALT = re.compile(r"<img(?![^>]*\balt=)")
 NO_DESCRIPTION = "No description has been provided for this image"
+# a heading as nbconvert anchors it: the opening tag, its content, then the anchor link
+ANCHORED = re.compile(r'^(<h[1-6][^>]*>).*?(<a class="anchor-link")', re.S)
 HEADINGS = ("h1", "h2", "h3", "h4", "h5", "h6")
 
 
@@ -92,6 +94,14 @@ class _MathRenderer(IPythonRenderer):
     def __init__(self, math: tex_math.PageMath, **kwargs):
         super().__init__(**kwargs)
         self.math = math
+
+    def heading(self, text: str, level: int, **attrs) -> str:
+        """nbconvert's heading with its anchor, which keeps only the text of what it
+        holds: the anchor is made from the heading's words, then its math put back."""
+        if "<math" not in text:
+            return super().heading(text, level, **attrs)
+        anchored = super().heading(re.sub(r"<[^>]*>", "", text), level, **attrs)
+        return ANCHORED.sub(lambda m: m.group(1) + text + m.group(2), anchored, 1)
 
     def block_math(self, body: str) -> str:
         return self.math.render(body, display=True)
