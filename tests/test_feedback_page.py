@@ -79,6 +79,7 @@ def test_huge_or_deep_tex_is_text_and_cheap():
         "lefts": r"\left(" * 300 + "x" + r"\right)" * 300,
         "sqrt": r"\sqrt{" * 45 + "x" + "}" * 45,
         "unbalanced": "{" * 100_000,
+        "accents": r"\hat" * 499 + "x",  # 499 levels of MathML within MAX_TEX
     }
     page = tex_math.PageMath()
     start = time.perf_counter()

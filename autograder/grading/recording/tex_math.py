@@ -107,7 +107,10 @@ def mathml(tex: str, display: bool = False) -> str:
     except ET.ParseError:  # e.g. \text{<b>}: markup latex2mathml passed through
         raise Unrenderable("not well-formed") from None
     out: list[str] = []
-    _write(root, out)
+    try:
+        _write(root, out)
+    except RecursionError:  # MathML nested deeper than Python recurses
+        raise Unrenderable("nested too deep") from None
     return "".join(out)
 
 
@@ -131,6 +134,6 @@ class PageMath:
             if self.converted > PAGE_BUDGET:
                 raise Unrenderable("the page's budget is spent")
             return mathml(tex, display)
-        except Unrenderable:
+        except Exception:  # noqa: BLE001 (Unrenderable, or any surprise: never the page)
             self.as_text += 1
             return tex_text(tex, display)
