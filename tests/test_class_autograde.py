@@ -292,8 +292,9 @@ const splitWords = (pre) => {
       range.setStart(node, m.index);
       range.setEnd(node, m.index + m[0].length);
       const rects = [...range.getClientRects()].filter((r) => r.width > 0);
+      const width = rects.reduce((sum, r) => sum + r.width, 0);  // laid out in one line
       if (new Set(rects.map((r) => Math.round(r.top))).size > 1 &&
-          range.getBoundingClientRect().width < pre.clientWidth) split.push(m[0]);
+          width < pre.clientWidth) split.push(m[0]);
     }
   }
   return split;
@@ -316,11 +317,14 @@ const course = measure();
 const readAgain = [...document.querySelectorAll("div.output_area pre a")]
   .map((a) => a.getAttribute("href"));
 const contents = [...document.querySelectorAll("#toc li a")].map((a) => a.innerText);
-document.getElementById("course-feedback-style").remove();
+const style = document.getElementById("course-feedback-style");
+style.textContent += "pre { word-break: break-all; }";  // breaks words: the check sees it
+const broken = measure().split;
+style.remove();
 const nbgrader = measure();
 const markdown = [...document.querySelectorAll(".text_cell_render")];
 return {
-  course, nbgrader, width: window.innerWidth, readAgain, contents,
+  course, nbgrader, width: window.innerWidth, readAgain, contents, broken,
   typeset: markdown.filter((c) => c.querySelector("math")).length,
   raw: markdown.filter((c) => c.innerText.includes("$")).map((c) => c.innerText),
 };
@@ -358,6 +362,7 @@ def test_the_feedback_page_shows_the_named_mistake_and_math_offline(courses):
     assert "Score: 2" in seen["course"]["score"]
     assert seen["course"]["fits"] and seen["course"]["inside"], seen["course"]
     assert seen["course"]["split"] == [] and seen["course"]["wrap"] == "break-word"
+    assert seen["broken"], "the check saw no broken word"  # the test of the test
     assert not (seen["nbgrader"]["fits"] and seen["nbgrader"]["inside"])
     assert seen["typeset"] >= 5 and seen["raw"] == [], seen["raw"]
     section = paths.chapter_page(CHAPTER, "scaled-dot-product-attention")
