@@ -319,29 +319,54 @@ def test_the_feedback_step_warns_of_no_option(courses):
 
 # Measures the verdict that names carol's mistake at 1280 px: the <pre> holding it and
 # its output box must not scroll sideways, and its right edge must lie in the window;
-# the score in the page's heading too. Then the same without the course's CSS (the test
-# of the test: nbgrader's own page fails it). And the math: typeset, none left raw.
+# the score in the page's heading too; and no word that fits on a line is split across
+# two (a line may end at a space or a hyphen). Then the same without the course's CSS (the test of the test: nbgrader's own page
+# fails it). And the math: MathML, none left raw; the contents and the "Read again" link.
 FEEDBACK_PAGE = """
-await MathJax.startup.promise;
+const splitWords = (pre) => {
+  const split = [];
+  const walker = document.createTreeWalker(pre, NodeFilter.SHOW_TEXT);
+  const range = document.createRange();
+  let node;
+  while ((node = walker.nextNode())) {
+    for (const m of node.data.matchAll(/[^\\s-]+/g)) {  // a hyphen may end a line
+      range.setStart(node, m.index);
+      range.setEnd(node, m.index + m[0].length);
+      const rects = [...range.getClientRects()].filter((r) => r.width > 0);
+      const width = rects.reduce((sum, r) => sum + r.width, 0);  // laid out in one line
+      if (new Set(rects.map((r) => Math.round(r.top))).size > 1 &&
+          width < pre.clientWidth) split.push(m[0]);
+    }
+  }
+  return split;
+};
 const measure = () => {
   const pre = [...document.querySelectorAll("div.output_area pre")]
     .find((p) => p.innerText.includes("Likely mistake"));
   const box = pre.parentElement;
-  const score = document.querySelector(".panel-heading h4");
+  const score = document.querySelector(".panel-heading h1");
   return {
     text: pre.innerText, score: score.innerText,
     fits: pre.scrollWidth <= pre.clientWidth && box.scrollWidth <= box.clientWidth,
     inside: pre.getBoundingClientRect().right <= window.innerWidth &&
       score.getBoundingClientRect().right <= window.innerWidth,
+    split: [...document.querySelectorAll("div.output_area pre")].flatMap(splitWords),
+    wrap: getComputedStyle(pre).overflowWrap,
   };
 };
 const course = measure();
-document.getElementById("course-feedback-style").remove();
+const readAgain = [...document.querySelectorAll("div.output_area pre a")]
+  .map((a) => a.getAttribute("href"));
+const contents = [...document.querySelectorAll("#toc li a")].map((a) => a.innerText);
+const style = document.getElementById("course-feedback-style");
+style.textContent += "pre { word-break: break-all; }";  // breaks words: the check sees it
+const broken = measure().split;
+style.remove();
 const nbgrader = measure();
 const markdown = [...document.querySelectorAll(".text_cell_render")];
 return {
-  course, nbgrader, width: window.innerWidth,
-  typeset: markdown.filter((c) => c.querySelector("mjx-container")).length,
+  course, nbgrader, width: window.innerWidth, readAgain, contents, broken,
+  typeset: markdown.filter((c) => c.querySelector("math")).length,
   raw: markdown.filter((c) => c.innerText.includes("$")).map((c) => c.innerText),
 };
 """
@@ -350,20 +375,26 @@ return {
 def test_the_feedback_page_shows_the_named_mistake_and_math_offline(courses):
     """carol's feedback page, opened with no network (tests/browser.py resolves no host
     but 127.0.0.1) at 1280 x 800: the score and the whole verdict naming her mistake
-    (unscaled scores) in view, wrapped; the chapter's math typeset by the MathJax the
-    page carries."""
+    (unscaled scores) in view, wrapped at spaces, with its "Read again" a link to the
+    section; the hidden tests named in the contents; the chapter's math MathML, which
+    the page carries with no script, in at most 200 KB (issue 44); axe-core finds no
+    WCAG 2.1 A or AA violation."""
     _, parallel, *_ = courses
     _run(parallel, "-m", "nbgrader", "generate_feedback", CHAPTER, "--student",
          "carol", "--force")  # fmt: skip
-    site = Site(parallel / "feedback" / "carol" / CHAPTER, "/")
+    html = parallel / "feedback" / "carol" / CHAPTER / f"{CHAPTER}.html"
+    assert html.stat().st_size <= 200_000, html.stat().st_size  # it was 2.6 MB
+    assert "<script" not in html.read_text().lower()
+    site = Site(html.parent, "/")
     browser = Browser()
     try:
-        page, visit = browser.open(site.url + f"{CHAPTER}.html")
+        page, visit = browser.open(site.url + html.name)
         try:
             page.set_viewport_size({"width": 1280, "height": 800})
             seen = page.evaluate(f"async () => {{ {FEEDBACK_PAGE} }}")
         finally:
             page.context.close()
+        violations = browser.accessibility_violations(site.url + html.name)
     finally:
         browser.close()
         site.close()
@@ -371,10 +402,17 @@ def test_the_feedback_page_shows_the_named_mistake_and_math_offline(courses):
     assert "Likely mistake: your scores look unscaled" in seen["course"]["text"]
     assert "Score: 2" in seen["course"]["score"]
     assert seen["course"]["fits"] and seen["course"]["inside"], seen["course"]
+    assert seen["course"]["split"] == [] and seen["course"]["wrap"] == "break-word"
+    assert seen["broken"], "the check saw no broken word"  # the test of the test
     assert not (seen["nbgrader"]["fits"] and seen["nbgrader"]["inside"])
     assert seen["typeset"] >= 5 and seen["raw"] == [], seen["raw"]
-    assert visit.requested == [site.url + f"{CHAPTER}.html"], visit.requested
+    section = paths.chapter_page(CHAPTER, "scaled-dot-product-attention")
+    assert section in seen["readAgain"], seen["readAgain"]
+    assert seen["contents"][0].startswith("sdpa_basic: output and weights"), seen
+    assert not [c for c in seen["contents"] if c.startswith("Test cell")]
+    assert visit.requested == [site.url + html.name], visit.requested
     assert not visit.errors, visit.errors
+    assert violations == [], [(v["id"], v["nodes"][0]["html"]) for v in violations]
 
 
 def test_shards_split_a_class_deterministically():

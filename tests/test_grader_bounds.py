@@ -22,7 +22,6 @@ from autograder import paths
 from autograder.grading.judging import judge
 from autograder.grading.judging.prepare import prepare
 from autograder.grading.judging.spec import load_chapter_tests
-from autograder.grading.recording import feedback_page
 from autograder.grading.running.student_code import StudentCode
 from tests.browser import Browser, Site
 from tests.notebooks import student_notebook, with_extra_cell, write
@@ -240,7 +239,10 @@ HOSTILE_MARKDOWN = """
 
 TeX asks for links and styles: $\\href{javascript:window.pwned='tex'}{a link}$,
 $\\mmlToken{mi}[href=javascript:window.pwned='token']{a}$,
-$\\style{background:url(http://evil.example/tex.png)}{b}$, $\\require{html}$
+$\\style{background:url(http://evil.example/tex.png)}{b}$, $\\require{html}$,
+$\\text{<script>window.pwned='text'</script>}$, $x</math><img src=x onerror="window.pwned='math'">$,
+$$\\class{x}{\\cssId{top}{\\href{javascript:window.pwned='display'}{y}}}$$
+and one formula nested too deep to convert: ${{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{{x}}}}}}}}}}}}}}}}}}}}}}}}}}}}}}}}}}}}}}}}}}}$
 """
 HOSTILE_OUTPUTS = [
     nbformat.v4.new_output(
@@ -308,9 +310,10 @@ def test_forged_results_leave_the_autograded_notebook_and_feedback_small(feedbac
     root, autograded_size = feedback
     page = root / "feedback" / "alice" / CHAPTER / f"{CHAPTER}.html"
     assert autograded_size < 150_000, autograded_size  # the release notebook: 66 KB
-    # the page, less the MathJax it carries (feedback_page.py), stays small
-    size = page.stat().st_size - len(feedback_page.mathjax_script().encode())
-    assert size < 1_000_000, size
+    # the page stays small, and carries no script (its math is MathML)
+    size = page.stat().st_size
+    assert size < 300_000, size
+    assert "<script" not in page.read_text().lower()
     bob = (root / "feedback" / "bob" / CHAPTER / f"{CHAPTER}.html").read_text()
     assert bob.count("HiddenTestFailed") == 0  # the other student lost nothing
 
@@ -324,16 +327,19 @@ def test_the_feedback_page_runs_no_student_script(feedback, tmp_path):
             site.url + f"{CHAPTER}.html",
             textwrap.dedent("""
                 await new Promise((done) => setTimeout(done, 1000));  // onerror, onload
-                await MathJax.startup.promise;  // the math typeset, links and all
                 for (const a of document.querySelectorAll("a, [href]")) {
-                  if (a.textContent === "a link" || a.closest("mjx-container")) {
+                  if (a.textContent === "a link" || a.closest("math")) {
                     a.dispatchEvent(new MouseEvent("click", {bubbles: true}));
                   }
                 }
                 const links = [...document.querySelectorAll("[href]")];
                 return {title: document.title, pwned: String(window.pwned),
                         text: document.body.innerText,
-                        math: document.querySelectorAll("mjx-container").length,
+                        math: document.querySelectorAll("math").length,
+                        asText: [...document.querySelectorAll("code.tex-inline")]
+                          .map((c) => c.textContent),
+                        styled: document.querySelectorAll(
+                          "math [style], math [href], math [class], math [id]").length,
                         scripts: links.map((a) => a.getAttribute("href"))
                           .filter((h) => /^\\s*javascript:/i.test(h))};
             """),
@@ -344,6 +350,8 @@ def test_the_feedback_page_runs_no_student_script(feedback, tmp_path):
     report = seen.value
     assert report["pwned"] == "undefined", report["pwned"]
     assert report["math"] > 0 and report["scripts"] == [], report["scripts"]
+    assert report["styled"] == 0  # TeX's links, styles, classes and ids were dropped
+    assert any(t.startswith("${{{{") for t in report["asText"]), report["asText"]
     assert report["title"] != "pwned"
     assert not [u for u in seen.requested if "evil.example" in u], seen.requested
     # the course's content and the verdicts still show

@@ -51,6 +51,16 @@ def batch(tmp_path_factory):
             ),
             d / "loop.ipynb",
         ),
+        "hangs_before_def": write(
+            student_notebook(
+                CHAPTER,
+                lambda s: s.replace(
+                    "def scaled_dot_product_attention(",
+                    "while True:\n    pass\n\n\ndef scaled_dot_product_attention(",
+                ),
+            ),
+            d / "loop_before_def.ipynb",
+        ),
         "hangs_in_function": write(
             student_notebook(
                 CHAPTER,
@@ -177,6 +187,24 @@ def test_infinite_loop_in_a_cell_is_interrupted_and_the_rest_graded(batch):
     result = batch["hangs_in_cell"]
     assert result["score"] == 10.0
     assert "time limit" in result["message"]
+
+
+def test_a_time_limit_names_the_cell_that_ran_too_long(batch):
+    """A cell interrupted at its time limit before it defined the exercise: the tests
+    that found the exercise missing name that cell, not only the missing name (issue 43);
+    a test that fails for another reason, or passes, says nothing of it."""
+    result = batch["hangs_before_def"]
+    scores = scores_by_test(result)
+    assert scores["causal_mask_values"] == 1.0 and scores["sdpa_basic"] == 0.0
+    sdpa = next(t for t in result["tests"] if t["id"] == "sdpa_basic")["message"]
+    cell = re.search(r"code cell (\d+) ran past its time limit", result["message"])
+    assert cell, result["message"]
+    assert "does not define `scaled_dot_product_attention`" in sdpa
+    assert f"Code cell {cell.group(1)} of your notebook ran past its time limit" in sdpa
+    assert "6 s a cell" in sdpa
+    for name in ("hangs_in_cell", "unscaled", "hangs_in_function"):
+        for test in batch[name]["tests"]:
+            assert "of your notebook ran past its time limit" not in test["message"]
 
 
 def test_infinite_loop_in_a_function_fails_only_its_tests(batch):

@@ -386,7 +386,28 @@ def _grade(
         for i, (p, g) in enumerate(zip(prepared, got, strict=True))
     ]
     attribute(verdicts, prepared)
+    for found in verdicts:
+        _name_the_slow_cell(found, run.timed_out_cells, limits)
     return verdicts, run, end
+
+
+# What a failed test says when the student's code it calls was never defined or run
+_NOT_RUN = ("does not define", "NameError", "no result:")
+
+
+def _name_the_slow_cell(found, timed_out: list[int], limits: Limits) -> None:
+    """A test that failed because the student's code was missing names the cell that a
+    time limit interrupted: that cell, not the exercise, is what to fix first."""
+    if found.passed or not timed_out or not any(s in found.message for s in _NOT_RUN):
+        return
+    cells = ", ".join(str(n) for n in timed_out)
+    found.message = (
+        f"{found.message} Code cell {cells} of your notebook ran past its time limit "
+        f"({limits.cell:g} s a cell, {limits.notebook:g} s for all your cells) and was "
+        "interrupted, so what it would have defined or run after that point is missing: "
+        "make it faster, or move slow work out of the graded notebook."
+    )
+    found.__post_init__()
 
 
 def _phases(marks: dict[str, float]) -> dict[str, float]:

@@ -1,114 +1,119 @@
-"""What the course adds to nbgrader's feedback page: verdicts that wrap, math offline.
+"""What the course changes in nbgrader's feedback page: small, scriptless, easy to scan.
 
-nbgrader's feedback template (``feedback/index.html.j2``) renders each failed hidden
-test's verdict as one long unwrapped line in a ``<pre>``, so "Likely mistake: ..." runs
-off the side of the page; and its ``mathjax()`` macro loads MathJax 2.7.7 from a CDN, so
-offline the chapter's math shows as raw ``$...$``. :func:`course_head` replaces that
-macro's output with
+nbgrader's feedback template (``feedback/index.html.j2``) inlines Bootstrap (117 KB) and
+loads MathJax from a CDN, so offline the chapter's math shows as raw ``$...$``; the course
+once inlined MathJax instead, 2.3 MB and a script in every page. The course's template
+(``templates/course_feedback``) extends nbgrader's with
 
-* CSS that wraps every output inside the page's width, and
-* MathJax 3 (``tex-svg-full.js`` from the ``django-static-mathjax`` package pinned in
-  requirements.txt, the MathJax the book serves, with every TeX package the book has),
-  inlined into the page with MathJax's ``ui/safe`` extension.
+* :data:`PAGE_CSS`, a stylesheet of its own in place of Bootstrap: outputs wrap inside
+  the page at spaces, and only a token too long for a line (a long path, a number) is
+  broken, never a word that fits;
+* no script: the math is MathML, written when the page is written (``tex_math.py``);
+* each hidden test named in the table of contents (:func:`test_title`), not "Test cell".
 
-Inlined, not copied beside the page: nbgrader's ``release_feedback`` and
-``fetch_feedback`` carry only the ``.html`` file to the student, so a script beside it
-would never arrive. The SVG output needs no font files (its glyphs are in the script),
-which is what lets one file typeset math with no network; it costs about 2.3 MB a page.
-
-The math MathJax typesets is the student's too (their Markdown cells). Student content
-never carries a script into the page (``safe_feedback.py`` strips them), but TeX can ask
-for links, styles and classes (``\\href{javascript:...}``, ``\\style``, ``\\mmlToken``):
-``ui/safe`` filters those as MathJax's documentation advises for untrusted math, and the
-TeX packages that load code from elsewhere (``require``, ``autoload``) are left out.
+And after rendering, :func:`scannable` makes each "Read again: <address>" of a verdict a
+link to that section of the book, and keeps the explanation of a refused PyTorch call to
+its first test (the later ones point back to it).
 """
 
 from __future__ import annotations
 
 import functools
-from importlib import resources
+import html
+import re
 
-# Inside the ``mathjax`` package: the TeX-to-SVG bundle, then the extension that makes
-# untrusted math safe (it hooks itself into MathJax's start-up when it runs).
-MATHJAX_SCRIPTS = (
-    "static/mathjax/es5/tex-svg-full.js",
-    "static/mathjax/es5/ui/safe.js",
+from autograder import paths
+from autograder.grading.sealed import guard
+
+PAGE_CSS = """
+body { margin: 0; color: #1b1b1b; background: #fff; font: 15px/1.5 system-ui, sans-serif; }
+main.container { max-width: 1100px; margin: 0 auto; padding: 1em; }
+a { color: #0b57b0; }
+code, pre { font: 13px/1.45 ui-monospace, "DejaVu Sans Mono", monospace; }
+h1.page-score { font-size: 1.4em; margin: 0 0 0.5em; }
+.panel { border: 1px solid #b9c3cf; border-radius: 4px; margin: 0.6em 0; }
+.panel-heading { background: #eef2f7; padding: 0.4em 0.7em; overflow: hidden; }
+.panel-primary > .panel-heading { background: #dde7f3; }
+.panel-body, .panel-footer { padding: 0.4em 0.7em; }
+.pull-right { float: right; }
+.prompt { display: none; }
+.cell { margin: 0.4em 0; }
+.input_area pre, .highlight pre { background: #f6f8fa; padding: 0.5em; margin: 0; }
+.late-penalty { color: #a4241c; }
+table { border-collapse: collapse; }
+td, th { border: 1px solid #b9c3cf; padding: 0.2em 0.5em; }
+math[display="block"] { margin: 0.6em 0; max-width: 100%; }
+code.tex-display { display: block; margin: 0.6em 0; }
+/* Every output and code block wraps inside the page, so the named mistake is read
+   without scrolling sideways: at spaces, and mid-token only for a token longer than a
+   line (break-word, not anywhere, which would break words that fit). */
+pre { white-space: pre-wrap; overflow-wrap: break-word; }
+div.output_subarea { min-width: 0; }
+"""
+
+# A refused call's explanation stays at its first test; later ones point back to it
+_SEE_FIRST = (
+    "is switched off while this exercise's hidden tests run (the first test above that "
+    "says so explains what to do)."
 )
-
-VERDICT_CSS = """
-/* A failed test's verdict is one long line: wrap it (and every other output) inside the
-   page, so the named mistake is read without scrolling sideways. */
-div.output_area pre {
-  white-space: pre-wrap;
-  overflow-wrap: anywhere;
-}
-div.output_subarea {
-  min-width: 0;
-}
-"""
-
-# MathJax 3's settings for what nbconvert's Markdown leaves as text (as the notebook and
-# nbconvert's own MathJax 2 configuration read it).
-MATHJAX_CONFIG = """
-window.MathJax = {
-  tex: {
-    inlineMath: [["$", "$"], ["\\\\(", "\\\\)"]],
-    displayMath: [["$$", "$$"], ["\\\\[", "\\\\]"]],
-    processEscapes: true,
-    processEnvironments: true,
-    tags: "ams",
-    packages: {"[-]": ["require", "autoload"]},
-  },
-  loader: {load: []},
-  svg: {fontCache: "global"},
-};
-"""
+_HIDDEN_TEST = re.compile(r"#\s*Hidden test `([^`]+)` \(([^)]*)\):\s*(.+)")
 
 
-class MathJaxMissing(RuntimeError):
-    pass
+def test_title(cell) -> str:
+    """The table of contents' entry for a graded cell, as escaped HTML: a hidden test's
+    name and what it checks (from its cell's first line), or the kind of cell."""
+    grading = cell.metadata.nbgrader
+    if not grading.get("solution"):
+        first = (cell.source or "").strip().splitlines()[:1]
+        found = _HIDDEN_TEST.match(first[0]) if first else None
+        if found:
+            name, description = found.group(1), found.group(3).rstrip(".")
+            return f"<code>{html.escape(name)}</code>: {html.escape(description)}"
+        return f"Test <code>{html.escape(grading.grade_id)}</code>"
+    kind = "Written answer" if cell.cell_type == "markdown" else "Code answer"
+    return f"{kind} <code>{html.escape(grading.grade_id)}</code>"
 
 
 @functools.cache
-def mathjax_script() -> str:
-    """MathJax 3's TeX-to-SVG bundle and its safe extension, as text to inline in one
-    ``<script>``."""
-    try:
-        package = resources.files("mathjax")
-        script = ";\n".join(
-            (package / name).read_text("utf-8") for name in MATHJAX_SCRIPTS
-        )
-    except (ModuleNotFoundError, FileNotFoundError):
-        raise MathJaxMissing(
-            "feedback pages inline MathJax from the django-static-mathjax package: "
-            "`python -m pip install -r requirements.txt`"
-        ) from None
-    if "</script" in script.lower():  # would end the inline script early
-        raise MathJaxMissing(f"{MATHJAX_SCRIPTS} cannot be inlined: they hold </script")
-    return script
+def _read_again() -> re.Pattern:
+    """ "Read again: <address>" where the address is a page of the course's own book."""
+    book = re.escape(html.escape(paths.book_address()))
+    return re.compile(rf"Read again: ({book}[A-Za-z0-9_./#%-]*[A-Za-z0-9_/#-])")
 
 
-def course_head() -> str:
-    """The CSS and the inline MathJax that take the place of the template's CDN MathJax."""
-    return (
-        f'<style id="course-feedback-style">{VERDICT_CSS}</style>\n'
-        f'<script id="course-mathjax-config">{MATHJAX_CONFIG}</script>\n'
-        f'<script id="course-mathjax">{mathjax_script()}</script>\n'
+def linked(page: str) -> str:
+    """``page`` with each "Read again" address of the book a link to its section."""
+    return _read_again().sub(
+        lambda m: f'Read again: <a href="{m.group(1)}">{m.group(1)}</a>', page
     )
 
 
-def with_course_head(html: str, cdn_mathjax: str) -> str:
-    """``html`` (a rendered feedback page) with the template's MathJax block replaced by
-    :func:`course_head`. ``cdn_mathjax`` is what the template's ``mathjax()`` macro
-    writes; the block in the page is found by its first and last lines (the page's
-    indentation differs)."""
-    lines = [line.strip() for line in cdn_mathjax.strip().splitlines()]
-    first, last = lines[0], lines[-1]
-    if html.count(first) != 1 or html.count(last) != 1:
-        raise RuntimeError(
-            f"the feedback page does not hold its template's MathJax block once "
-            f"({first!r} ... {last!r}): nbgrader's or nbconvert's template changed; "
-            "see autograder/grading/recording/feedback_page.py"
-        )
-    start, end = html.index(first), html.index(last) + len(last)
-    return html[:start] + course_head() + html[end:]
+def _once(text: str, keep_first: bool) -> str:
+    head, found, rest = text.partition(guard.MESSAGE_TAIL)
+    if not found:
+        return text
+    first = guard.MESSAGE_TAIL if keep_first else _SEE_FIRST
+    return head + first + rest.replace(guard.MESSAGE_TAIL, _SEE_FIRST)
+
+
+def refusal_once(nb) -> None:
+    """Keeps the explanation of a refused PyTorch call in ``nb``'s outputs to the first
+    output that holds it; later refusals name the function and point back to it. (An
+    error's ``evalue`` and ``traceback`` are one output: both keep it, or neither.)"""
+    seen = False
+    for cell in nb.cells:
+        for output in cell.get("outputs", []):
+            texts = [
+                output.get("evalue"),
+                output.get("text"),
+                *output.get("traceback", []),
+            ]
+            if not any(isinstance(t, str) and guard.MESSAGE_TAIL in t for t in texts):
+                continue
+            if "evalue" in output:
+                output["evalue"] = _once(output["evalue"], not seen)
+            if "traceback" in output:
+                output["traceback"] = [_once(t, not seen) for t in output["traceback"]]
+            if isinstance(output.get("text"), str):
+                output["text"] = _once(output["text"], not seen)
+            seen = True

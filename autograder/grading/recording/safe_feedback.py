@@ -10,20 +10,37 @@ lists, tables, code, math as text for MathJax, images as data URIs) and drops sc
 event handlers, styles, frames and anything that loads from elsewhere. Raw cells, which
 nbconvert would copy into the page as they are, are left out.
 
-The page also wraps its outputs and typesets math offline (``feedback_page.py``).
+Math is converted to MathML here, as the page is written (``tex_math.py``), so the page
+carries no script at all; the MathML passes the same sanitiser, with an allowlist of MathML
+elements and presentation attributes. The course's template and stylesheet, and what makes
+the page easy to scan, are in ``feedback_page.py``.
 """
 
 from __future__ import annotations
 
+import copy
+import html
+import re
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import bleach
+import nbgrader
 from jinja2 import pass_context
-from nbconvert.exporters import HTMLExporter
+from nbconvert.exporters import HTMLExporter, TemplateExporter
+from nbconvert.filters.highlight import Highlight2HTML
+from nbconvert.filters.markdown_mistune import IPythonRenderer, MarkdownWithMath
+from nbconvert.filters.widgetsdatatypefilter import WidgetsDataTypeFilter
 from nbgrader.preprocessors import ClearHiddenTests
 from traitlets import List, default
+from traitlets.config import Config
 
-from autograder.grading.recording.feedback_page import with_course_head
+from autograder.grading.recording import feedback_page, tex_math
+
+TEMPLATES = Path(__file__).parent / "templates"
+NBGRADER_TEMPLATES = (
+    Path(nbgrader.__file__).parent / "server_extensions" / "formgrader" / "templates"
+)
 
 TAGS = frozenset(
     {"p", "br", "hr", "div", "span", "blockquote", "pre", "code", "kbd", "samp"}
@@ -31,13 +48,21 @@ TAGS = frozenset(
     | {"s", "del", "ins", "sub", "sup", "small", "mark", "abbr", "cite", "q"}
     | {"ul", "ol", "li", "dl", "dt", "dd", "details", "summary"}
     | {"table", "thead", "tbody", "tfoot", "tr", "th", "td", "caption"}
+    | tex_math.ELEMENTS
 )
+# an output's image, which nbconvert writes with no alt: the text nbconvert gives it
+NO_ALT = re.compile(r"<img(?![^>]*\balt=)")
+NO_DESCRIPTION = "No description has been provided for this image"
+# a heading as nbconvert anchors it: the opening tag, its content, then the anchor link
+ANCHORED = re.compile(r'^(<h[1-6][^>]*>).*?(<a class="anchor-link")', re.S)
 HEADINGS = ("h1", "h2", "h3", "h4", "h5", "h6")
 
 
 def _allowed_attribute(tag: str, name: str, value: str) -> bool:
     """Links may point anywhere a click may go; images only to data they hold inline,
     so that the page loads nothing from elsewhere."""
+    if tag in tex_math.ELEMENTS:  # MathML: presentation only (tex_math.py)
+        return name in tex_math.ATTRIBUTES
     if name in ("class", "title") or (name == "id" and tag in HEADINGS):
         return True
     if tag == "a" and name == "href":
@@ -63,9 +88,60 @@ def safe_html(html: str) -> str:
     )
 
 
+class _MathRenderer(IPythonRenderer):
+    """nbconvert's Markdown renderer, with each formula MathML (or its TeX as text)."""
+
+    def __init__(self, math: tex_math.PageMath, **kwargs):
+        super().__init__(**kwargs)
+        self.math = math
+
+    def heading(self, text: str, level: int, **attrs) -> str:
+        """nbconvert's heading with its anchor, which keeps only the text of what it
+        holds: the anchor is made from the heading's words, then its math put back."""
+        if "<math" not in text:
+            return super().heading(text, level, **attrs)
+        anchored = super().heading(re.sub(r"<[^>]*>", "", text), level, **attrs)
+        return ANCHORED.sub(lambda m: m.group(1) + text + m.group(2), anchored, 1)
+
+    def block_math(self, body: str) -> str:
+        return self.math.render(body, display=True)
+
+    def inline_math(self, body: str) -> str:
+        return self.math.render(body)
+
+    def latex_environment(self, name: str, body: str) -> str:
+        return self.math.render(f"\\begin{{{name}}}{body}\\end{{{name}}}", True)
+
+
 class FeedbackExporter(HTMLExporter):
-    """nbgrader's feedback page (its template and settings), with everything the
-    student could have written sanitised."""
+    """nbgrader's feedback page in the course's template (``feedback_page.py``), with
+    everything the student could have written sanitised and the math as MathML."""
+
+    def __init__(self, config=None, **kwargs):
+        # over nbgrader's HTMLExporter settings (its "feedback" template): this class's
+        # own section is the more specific, and template paths are set at construction
+        config = copy.deepcopy(config) if config is not None else Config()
+        config.FeedbackExporter.template_name = "course_feedback"
+        config.FeedbackExporter.extra_template_basedirs = [
+            str(TEMPLATES),
+            str(NBGRADER_TEMPLATES),
+        ]
+        # where the course's template finds the one it extends, feedback/index.html.j2
+        config.FeedbackExporter.extra_template_paths = [str(NBGRADER_TEMPLATES)]
+        super().__init__(config=config, **kwargs)
+        self.page_math = tex_math.PageMath()
+        self._highlight = Highlight2HTML(pygments_lexer="ipython3", parent=self)
+
+    def highlight_answers(self, source, language=None, metadata=None):
+        """The student's answers highlighted; the chapter's own code as plain text, which
+        is what keeps a page small (highlighting makes each token an element)."""
+        if (metadata or {}).get("nbgrader", {}).get("solution"):
+            return self._highlight(source, language, metadata)
+        return f'<div class="highlight"><pre>{html.escape(source, quote=False)}</pre></div>'
+
+    def default_filters(self):
+        yield from super().default_filters()
+        yield ("test_title", feedback_page.test_title)
 
     @default("sanitize_html")
     def _sanitize_by_default(self):  # outputs: nbconvert's own sanitising, no scripts
@@ -77,12 +153,40 @@ class FeedbackExporter(HTMLExporter):
 
     @pass_context
     def markdown2html(self, context, source):
-        return safe_html(super().markdown2html(context, source))
+        """nbconvert's ``markdown2html`` with the math as MathML, then sanitised."""
+        cell = context.get("cell", {})
+        renderer = _MathRenderer(
+            self.page_math,
+            escape=False,
+            attachments=cell.get("attachments", {}),
+            embed_images=self.embed_images,
+            path=context.get("resources", {}).get("metadata", {}).get("path", ""),
+            anchor_link_text=self.anchor_link_text,
+            exclude_anchor_links=self.exclude_anchor_links,
+            **self.lexer_options,
+        )
+        return safe_html(MarkdownWithMath(renderer=renderer).render(source))
 
     def from_notebook_node(self, nb, resources=None, **kw):
-        html, resources = super().from_notebook_node(nb, resources, **kw)
-        cdn_mathjax = self.environment.get_template("mathjax.html.j2").module.mathjax()
-        return with_course_head(html, str(cdn_mathjax)), resources
+        nb = copy.deepcopy(nb)
+        feedback_page.refusal_once(nb)
+        self.page_math = tex_math.PageMath()  # each page its own budget
+        resources = self._init_resources(
+            dict(resources or {}, course_css=feedback_page.PAGE_CSS)
+        )
+        # HTMLExporter.from_notebook_node's work, less its BeautifulSoup pass over the
+        # whole page (most of a page's cost), which only adds image descriptions (done
+        # below) and marks JupyterLab's cells focusable (the classic template has none)
+        self.register_filter("highlight_code", self.highlight_answers)
+        self.register_filter(
+            "filter_data_type",
+            WidgetsDataTypeFilter(
+                notebook_metadata=self._nb_metadata, parent=self, resources=resources
+            ),
+        )
+        html, resources = TemplateExporter.from_notebook_node(self, nb, resources, **kw)
+        html = NO_ALT.sub(f'<img alt="{NO_DESCRIPTION}"', html)
+        return feedback_page.linked(html), resources
 
 
 class FeedbackClearHiddenTests(ClearHiddenTests):

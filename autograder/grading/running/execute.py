@@ -105,6 +105,8 @@ class Run:
     # each test's second run, with the course's stand-ins for the earlier exercises it
     # uses (``upstream.py``), by the test's index: its raw outcomes, as ``got``'s
     second_runs: dict[int, list[dict] | str | None] = field(default_factory=dict)
+    # the student's code cells (numbers, as in the messages) interrupted at a time limit
+    timed_out_cells: list[int] = field(default_factory=list)
 
 
 def run_notebook(
@@ -175,6 +177,7 @@ def run_notebook(
     if window.problem and not run.died_in_test:
         run.errors.append(window.problem)
     run.errors += _problems(client, numbers, limits)
+    run.timed_out_cells = _timed_out(client, numbers)
     got = [_read_result(raw) for raw in window.results]
     run.second_runs = dict(zip(twice, got[len(prepared) :], strict=True))
     return got[: len(prepared)], run
@@ -296,6 +299,18 @@ def _problems(client: QuietClient, numbers: list[int], limits: Limits) -> list[s
                     f"code cell {numbers[i]}: {out.get('ename')}: {out.get('evalue')}"
                 )
     return problems
+
+
+def _timed_out(client: QuietClient, numbers: list[int]) -> list[int]:
+    """The student's code cells that our time limits interrupted (their numbers)."""
+    return [
+        numbers[i]
+        for i, cell in enumerate(client.nb.cells[: len(numbers)])
+        if any(
+            out.get("ename") in ("TimeoutError", "KeyboardInterrupt")
+            for out in cell.get("outputs", [])
+        )
+    ]
 
 
 def _read_result(raw: bytes | str | None) -> list[dict] | str | None:
