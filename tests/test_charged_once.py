@@ -87,7 +87,8 @@ def test_across_chapters_chapter_6_charges_chapter_4s_mistake_nothing(graded):
     assert not tests["ch6_mh_attention_heads"]["passed"]
     for layer in ("encoder_layer_values", "decoder_stack", "transformer_forward"):
         assert MHA in tests[layer]["stood_in"], tests[layer]
-        assert "Fix `attention` first" in tests[layer]["message"]
+        # attention's own test fails here (and EncoderLayer's load_torch_weights one)
+        assert "`attention` first" in tests[layer]["message"], tests[layer]
 
 
 def test_which_earlier_exercises_stand_in_follows_the_references():
@@ -97,6 +98,7 @@ def test_which_earlier_exercises_stand_in_follows_the_references():
     assert layer == {
         "functions": ["attention", "merge_heads", "split_heads"],
         "modules": [MHA, "PositionwiseFeedForward"],
+        "largest": [1, 1],  # no calls here
     }
     # SublayerConnection takes a function, causal_mask a device: neither can stand in
     assert not upstream.takes_data(reference["SublayerConnection"].forward)
@@ -134,7 +136,7 @@ def test_a_module_the_grader_would_build_too_large_is_refused_unbuilt():
     allowed = {"functions": [], "modules": [MHA], "largest": [2**15, 64]}
     huge = _request(MHA, "init", init=[[2**15, 2], {}])  # 4 x 2^30 weights
     reply = _answer(upstream.ReferenceServer(reference), huge, allowed)
-    assert "more than the grader builds" in reply["error"]
+    assert "more than the grader builds" in reply["refused"]
 
 
 def test_a_request_is_read_as_data():

@@ -179,12 +179,37 @@ def largest(calls: list[dict]) -> list[int]:
     return [side, numel]
 
 
+class TooLarge(ValueError):
+    """A request the grader will not compute: the stand-in's run counts for nothing."""
+
+
+def _on_meta(value):
+    if isinstance(value, torch.Tensor):
+        return value.to("meta")
+    if isinstance(value, list | tuple):
+        return type(value)(_on_meta(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _on_meta(v) for k, v in value.items()}
+    return value
+
+
+def _numbers(value) -> int:
+    if isinstance(value, torch.Tensor):
+        return value.numel()
+    if isinstance(value, list | tuple):
+        return sum(_numbers(v) for v in value)
+    if isinstance(value, dict):
+        return sum(_numbers(v) for v in value.values())
+    return 0
+
+
 class ReferenceServer:
     """Answers the stand-ins' requests with the reference, in the grader's process.
     Requests are the student's: every module is sized on PyTorch's meta device before it
     is built, so no request makes the grader allocate more than ``MAX_NUMBERS``."""
 
     MAX_NUMBERS = 2**24  # a module's parameters and buffers together (64 MB of float32)
+    MAX_OUTPUT = 2**22  # the numbers a function returns (16 MB of float32)
     KEPT = 16  # modules built, kept for the requests that follow
 
     def __init__(self, reference: dict):
@@ -196,6 +221,7 @@ class ReferenceServer:
         args, kwargs = request.get("args", []), request.get("kwargs", {})
         with torch.no_grad():
             if request["kind"] == "call":
+                self._sized(target, args, kwargs)
                 return probe._to_plain(target(*args, **kwargs))
             module = self._module(target, request["init"])
             state = module.state_dict()
@@ -211,6 +237,19 @@ class ReferenceServer:
             module.train(bool(request["training"]))
             return probe._to_plain(module(*args, **kwargs))
 
+    def _sized(self, function, args, kwargs) -> None:
+        """Run ``function`` on PyTorch's meta device first (shapes, no numbers): an
+        output larger than ``MAX_OUTPUT`` is refused before anything is computed. What the
+        meta device cannot run is computed as it is (its arguments are bounded)."""
+        try:
+            size = _numbers(function(*_on_meta(args), **_on_meta(kwargs)))
+        except Exception:  # noqa: BLE001 (an operation without a meta kernel)
+            return
+        if size > self.MAX_OUTPUT:
+            raise TooLarge(
+                f"an answer of {size:,} numbers is more than the grader computes"
+            )
+
     def _module(self, cls, init) -> torch.nn.Module:
         args, kwargs = init
         key = f"{cls.__qualname__}{init!r}"
@@ -220,7 +259,7 @@ class ReferenceServer:
                     t.numel() for t in cls(*args, **kwargs).state_dict().values()
                 )
             if size > self.MAX_NUMBERS:
-                raise ValueError(
+                raise TooLarge(
                     f"a {cls.__name__} of {size:,} numbers is more than the grader builds"
                 )
             self.modules[key] = cls(*args, **kwargs)

@@ -642,6 +642,11 @@ class _Oracle:
             time.sleep(0.0005)
         reply = torch.load(answer, weights_only=True)
         os.remove(answer)
+        if "refused" in reply:
+            raise RuntimeError(
+                f"the course's `{name}` was not computed ({reply['refused']}): "
+                f"{CANNOT_STAND_IN}"
+            )
         if "error" in reply:
             raise RuntimeError(
                 f"the course's `{name}` raised {reply['error']} on what your code "

@@ -45,6 +45,7 @@ from typing import Any
 
 import torch
 
+from autograder.grading.judging.upstream import TooLarge
 from autograder.grading.sealed import guard, probe, result_reader
 
 _POLL = 0.005  # seconds between two looks at the kernel's processes
@@ -516,30 +517,34 @@ def _answer(oracle, raw, allowed: dict) -> dict:
     of the test (``within``), so that the reference's cost stays that of a test."""
     request = result_reader.decode_request(raw)
     if isinstance(request, str):
-        return {"error": request}
+        return {"refused": request}
     name, kind = request.get("name"), request.get("kind")
     kinds = {"call": allowed["functions"], "init": allowed["modules"]}
     kinds["forward"] = allowed["modules"]
     if oracle is None or type(name) is not str or type(kind) is not str:
-        return {"error": "no stand-in for that here"}
+        return {"refused": "no stand-in for that here"}
     if name not in kinds.get(kind, ()):
-        return {"error": "no stand-in for that here"}
+        return {"refused": "no stand-in for that here"}
     parts = [request.get(k) for k in ("args", "kwargs", "init")]
     if not within(parts, *allowed["largest"]):
-        return {"error": "larger than anything this test passes: not computed"}
+        return {"refused": "larger than anything this test passes: not computed"}
     try:
         return {"value": oracle(request)}
+    except TooLarge as exc:
+        return {"refused": str(exc)}
     except Exception as exc:  # noqa: BLE001 (the course's code on the student's inputs)
         return {"error": f"{type(exc).__name__}: {exc}"[:300]}
 
 
 SIZE_FACTOR = 4  # how much larger than the test's own a stand-in's argument may be
+INTEGERS = 8192  # an integer argument may be this large whatever the test (a max_len)
 
 
 def within(value, side: int, numel: int, depth: int = 0) -> bool:
     """Every tensor no longer in any dimension than ``SIZE_FACTOR`` times ``side``
-    and no larger than that times ``numel``; every integer no larger than that times
-    ``side`` (a width, a count of layers); nothing nested deeper than a plan."""
+    and no larger than that times ``numel``; every integer (a width, a length, a count of
+    layers) no larger than that times ``side`` or ``INTEGERS``; nothing nested deeper
+    than a plan. The reference's output is bounded too (``upstream.TooLarge``)."""
     if depth > 8:
         return False
     if isinstance(value, torch.Tensor):
@@ -550,7 +555,7 @@ def within(value, side: int, numel: int, depth: int = 0) -> bool:
     if isinstance(value, bool) or value is None or isinstance(value, float | str):
         return True
     if isinstance(value, int):
-        return abs(value) <= SIZE_FACTOR * side
+        return abs(value) <= max(SIZE_FACTOR * side, INTEGERS)
     if isinstance(value, list | tuple):
         return all(within(v, side, numel, depth + 1) for v in value)
     if isinstance(value, dict):
