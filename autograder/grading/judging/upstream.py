@@ -14,8 +14,9 @@ of the tested one reaches through the names its code reads (following the refere
 own definitions, across chapters: chapter 6's layers reach chapter 4's attention), and
 every notebook name the test's calls pass as an argument. A function stands in as a
 function, an ``nn.Module`` class as a module whose parameters live in the child (the
-test's weights load into them) and whose forward runs in the grader. Anything else (an
-autograd Function, a Triton kernel) is not replaced, and a stand-in cannot carry
+test's weights load into them) and whose forward and own methods (``load_torch_weights``)
+run in the grader. Anything else (an autograd Function, a Triton kernel), or a reference
+that takes a function or a random generator, is not replaced, and a stand-in cannot carry
 gradients: there the second run counts for nothing and the first decides, as before.
 """
 
@@ -179,6 +180,42 @@ def largest(calls: list[dict]) -> list[int]:
     return [side, numel]
 
 
+def methods(cls) -> list[str]:
+    """The course's own methods of a module a stand-in plays, beside forward
+    (``load_torch_weights``): those its class defines, not PyTorch's."""
+    return sorted(
+        name
+        for name, value in vars(cls).items()
+        if inspect.isfunction(value) and not name.startswith("_") and name != "forward"
+    )
+
+
+def _rebuilt(value):
+    """A stand-in's arguments with each PyTorch layer it sent built again, as the plan
+    built it (``probe._sendable``): only the layers a plan may build."""
+    if isinstance(value, dict) and set(value) == {"torch.nn layer", "path"}:
+        made = value["torch.nn layer"]
+        if made.get("torch.nn") not in probe._TORCH_LAYERS:
+            raise TooLarge("not a layer a plan builds")
+        with torch.device("meta"):  # sized before it is built
+            size = _numbers(
+                getattr(torch.nn, made["torch.nn"])(
+                    *made["args"], **made["kwargs"]
+                ).state_dict()
+            )
+        if size > ReferenceServer.MAX_NUMBERS:
+            raise TooLarge(
+                f"a layer of {size:,} numbers is more than the grader builds"
+            )
+        layer = probe._materialise(made, {})
+        return layer.get_submodule(value["path"])
+    if isinstance(value, list):
+        return [_rebuilt(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _rebuilt(v) for k, v in value.items()}
+    return value
+
+
 class TooLarge(ValueError):
     """A request the grader will not compute: the stand-in's run counts for nothing."""
 
@@ -232,8 +269,15 @@ class ReferenceServer:
                     "buffers": {
                         k: v.clone() for k, v in state.items() if k not in parameters
                     },
+                    "methods": methods(target),
                 }
             module.load_state_dict(request["state"])
+            if request["kind"] == "method":
+                if request.get("method") not in methods(target):
+                    raise TooLarge(f"`{request.get('method')}` is not for stand-ins")
+                args, kwargs = _rebuilt(args), _rebuilt(kwargs)
+                value = getattr(module, request["method"])(*args, **kwargs)
+                return {"value": probe._to_plain(value), "state": module.state_dict()}
             module.train(bool(request["training"]))
             return probe._to_plain(module(*args, **kwargs))
 

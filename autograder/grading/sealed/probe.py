@@ -130,6 +130,11 @@ def _materialise(value, namespace):
         layer = getattr(torch.nn, name)(*value["args"], **value["kwargs"])
         if value["state"] is not None:
             layer.load_state_dict(value["state"])
+        # each part of the layer knows how it was made, so that a stand-in can send it
+        # to the grader (``_sendable``): nn.Module attributes would register, so not so
+        made = {"torch.nn": name, "args": value["args"], "kwargs": value["kwargs"]}
+        for path, part in layer.named_modules():
+            object.__setattr__(part, "_course_layer", (made, layer, path))
         return layer.eval()
     if isinstance(value, list):
         return [_materialise(v, namespace) for v in value]
@@ -680,6 +685,20 @@ def _check_plain(name, value, depth=0):
     )
 
 
+def _sendable(value):
+    """Arguments with each PyTorch layer a plan built (or a part of one) as how it was
+    made and its weights now, which the grader builds again (``upstream``)."""
+    if isinstance(value, torch.nn.Module) and hasattr(value, "_course_layer"):
+        made, layer, path = value._course_layer
+        state = {k: v.detach() for k, v in layer.state_dict().items()}
+        return {"torch.nn layer": {**made, "state": state}, "path": path}
+    if isinstance(value, (list, tuple)):
+        return [_sendable(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _sendable(v) for k, v in value.items()}
+    return value
+
+
 def _remote_function(oracle, name):
     def stand_in(*args, **kwargs):
         return oracle.ask(name, {"kind": "call", "args": list(args), "kwargs": kwargs})
@@ -716,14 +735,32 @@ def _remote_module(oracle, name):
             for key, value in layout["buffers"].items():
                 _place(self, key, value, buffer=True)
 
+            object.__setattr__(self, "_course_methods", tuple(layout["methods"]))
+
         def __getattr__(self, attribute):
             try:  # its parameters, buffers and submodules
                 return super().__getattr__(attribute)
             except AttributeError:
-                raise AttributeError(
-                    f"the course's `{name}` stands in with its forward only, not "
-                    f"`{attribute}`: {CANNOT_STAND_IN}"
-                ) from None
+                pass
+            if attribute in self.__dict__.get("_course_methods", ()):
+                return lambda *args, **kwargs: self._course_method(
+                    attribute, args, kwargs
+                )
+            raise AttributeError(
+                f"the course's `{name}` has no `{attribute}` here: {CANNOT_STAND_IN}"
+            )
+
+        def _course_method(self, method, args, kwargs):
+            """One of the course's own methods (``load_torch_weights``): run in the
+            grader on this module's weights, which come back changed."""
+            state = {k: v.detach() for k, v in self.state_dict().items()}
+            request = {"kind": "method", "method": method, "init": self._course_init}
+            request.update(state=state, args=_sendable(list(args)))
+            request["kwargs"] = _sendable(kwargs)
+            reply = oracle.ask(name, request)
+            with torch.no_grad():
+                self.load_state_dict(reply["state"])
+            return reply["value"]
 
         def forward(self, *args, **kwargs):
             state = {k: v.detach() for k, v in self.state_dict().items()}

@@ -520,7 +520,7 @@ def _answer(oracle, raw, allowed: dict) -> dict:
         return {"refused": request}
     name, kind = request.get("name"), request.get("kind")
     kinds = {"call": allowed["functions"], "init": allowed["modules"]}
-    kinds["forward"] = allowed["modules"]
+    kinds["forward"] = kinds["method"] = allowed["modules"]
     if oracle is None or type(name) is not str or type(kind) is not str:
         return {"refused": "no stand-in for that here"}
     if name not in kinds.get(kind, ()):
