@@ -5,10 +5,13 @@ still costs it, and its feedback says the mistake is its own. Graded for real, i
 """
 
 import json
+import subprocess
+import sys
 
 import pytest
 import torch
 
+from autograder import paths
 from autograder.grading.judging import upstream
 from autograder.grading.judging.spec import load_chapter_tests
 from autograder.grading.sealed import probe, result_reader
@@ -145,3 +148,21 @@ def test_a_request_is_read_as_data():
     assert result_reader.decode_request(probe.encode_result([1, 2])).startswith(
         "unreadable"
     )
+
+
+def test_without_triton_the_other_chapters_still_find_their_stand_ins():
+    """Chapter 11's known mistakes import Triton, which macOS and Windows lack: which
+    exercises stand in is read from the hidden tests alone."""
+    code = (
+        "import sys\n"
+        "sys.modules['triton'] = None  # as on a machine without Triton\n"
+        "from autograder.grading.judging.prepare import prepare\n"
+        "from autograder.grading.judging.spec import load_chapter_tests\n"
+        "tests = load_chapter_tests('03_self_attention')\n"
+        "(p,) = prepare(tests, [tests.test('self_attention_module')], 0)\n"
+        "print(p.upstream)\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", code], cwd=paths.REPO, capture_output=True, text=True
+    )
+    assert run.stdout.strip() == "['scaled_dot_product_attention']", run.stderr[-2000:]

@@ -23,6 +23,7 @@ gradients: there the second run counts for nothing and the first decides, as bef
 from __future__ import annotations
 
 import functools
+import importlib
 import inspect
 import sys
 import types
@@ -32,16 +33,21 @@ from typing import Any
 
 import torch
 
-from autograder.grading.judging.spec import graded_chapters, load_chapter_tests
+from autograder.grading.judging.spec import graded_chapters
 from autograder.grading.sealed import probe
+from autograder.paths import module_name
 
 
 @functools.cache
 def exercise_names() -> frozenset[str]:
-    """Every graded exercise of the course, by name."""
+    """Every graded exercise of the course, by name, read from the hidden tests alone
+    (a chapter's known mistakes or reference may need what this machine lacks: Triton)."""
     names: set[str] = set()
     for chapter in graded_chapters():
-        names |= set(load_chapter_tests(chapter).exercises)
+        module = importlib.import_module(
+            f"autograder.hidden_tests.{module_name(chapter)}"
+        )
+        names |= {t.exercise for t in module.TESTS}
     return frozenset(names)
 
 
