@@ -4,22 +4,27 @@ chapter 6 too) lose that exercise's points only; a mistake in the later exercise
 still costs it, and its feedback says the mistake is its own. Graded for real, in one batch.
 """
 
-import json
 import subprocess
 import sys
 
+import nbformat
 import pytest
 import torch
+from nbgrader.api import Gradebook
 
 from autograder import paths
 from autograder.grading.judging import upstream
 from autograder.grading.judging.spec import load_chapter_tests
+from autograder.grading.nbgrader_bridge import COURSE_ID
+from autograder.grading.recording import verdict_record
 from autograder.grading.sealed import probe, result_reader
 from autograder.grading.sealed.window import _answer
-from tests.notebooks import QUICK_LIMITS, grade_cli, student_notebook, write
+from autograder.report import data
+from tests.notebooks import QUICK_LIMITS, class_course, student_notebook, write
 
 UNSCALED = (" / math.sqrt(d_k)", "")
 MHA = "MultiHeadAttention"
+CH4, CH6 = "04_multi_head", "06_transformer"
 # the mask's head dimension forgotten: MultiHeadAttention's own mistake
 NO_HEAD_DIMENSION = ("mask = mask.unsqueeze(1)  #", "mask = mask  #")
 
@@ -28,69 +33,93 @@ def _planted(chapter, old, new):
     return lambda: student_notebook(chapter, lambda source: source.replace(old, new))
 
 
-NOTEBOOKS = {
-    "ch4_unscaled": ("04_multi_head", _planted("04_multi_head", *UNSCALED)),
-    "ch4_mask": ("04_multi_head", _planted("04_multi_head", *NO_HEAD_DIMENSION)),
-    "ch6_unscaled": ("06_transformer", _planted("06_transformer", *UNSCALED)),
+# ana's attention is unscaled, in chapter 4 and where chapter 6 asks for it again; ben's
+# MultiHeadAttention forgets the mask's head dimension
+CLASS = {
+    CH4: {"ana": _planted(CH4, *UNSCALED), "ben": _planted(CH4, *NO_HEAD_DIMENSION)},
+    CH6: {"ana": _planted(CH6, *UNSCALED)},
 }
 
 
 @pytest.fixture(scope="module")
-def graded(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("charged_once")
-    paths = {}
-    for name, (chapter, make) in NOTEBOOKS.items():
-        nb = make()
-        assert UNSCALED[0] not in str(nb) or name == "ch4_mask"
-        (folder / name).mkdir()
-        paths[name] = write(nb, folder / name / f"{chapter}.ipynb")
-    run = grade_cli(*paths.values(), "--json", "--jobs", "2", *QUICK_LIMITS)
-    results = [json.loads(line) for line in run.stdout.splitlines()]
-    assert len(results) == len(paths), run.stderr[-3000:]
-    return {
-        name: {t["id"]: t for t in r["tests"]}
-        for name, r in zip(paths, results, strict=True)
-    }
+def course(tmp_path_factory):
+    """Both assignments autograded for real into one gradebook, as a class is."""
+    root = tmp_path_factory.mktemp("charged_once") / "course"
+    class_course(root, CH4, CLASS[CH4])
+    for student, make in CLASS[CH6].items():
+        folder = root / "submitted" / student / CH6
+        folder.mkdir(parents=True)
+        write(make(), folder / f"{CH6}.ipynb")
+    for chapter in (CH4, CH6):
+        run = subprocess.run(
+            [sys.executable, "-m", "autograder", "autograde", chapter, "--jobs", "2",
+             "--course-dir", str(root), *QUICK_LIMITS],
+            cwd=paths.REPO, capture_output=True, text=True, timeout=900,
+        )  # fmt: skip
+        assert run.returncode == 0, run.stderr[-3000:]
+    return root
+
+
+def _verdicts(root, chapter, student):
+    _, verdicts = verdict_record.read(root / "gradebook.db", chapter)
+    return {v["test"]: v for v in verdicts if v["student"] == student}
 
 
 def _exercise_of(chapter):
-    tests = load_chapter_tests(chapter)
-    return {t.id: t.exercise for t in tests.tests}
+    return {t.id: t.exercise for t in load_chapter_tests(chapter).tests}
 
 
-def test_an_earlier_mistake_costs_only_the_earlier_exercise(graded):
-    exercise = _exercise_of("04_multi_head")
-    tests = graded["ch4_unscaled"]
-    lost = {exercise[i] for i, t in tests.items() if t["score"] < t["max_score"]}
-    assert lost == {"attention"}
-    mha = [t for i, t in tests.items() if exercise[i] == MHA]
-    assert mha and all(
-        t["stood_in"] == ["attention", "merge_heads", "split_heads"] for t in mha
+def _feedback(root, chapter, student):
+    notebook = root / "autograded" / student / chapter / f"{chapter}.ipynb"
+    return "".join(
+        o.get("evalue", "") + o.get("text", "")
+        for cell in nbformat.read(notebook, as_version=4).cells
+        for o in cell.get("outputs", [])
     )
-    assert all("Fix `attention` first" in t["message"] for t in mha)
-    assert all("values differ" in t["message"] for t in mha)  # what differs with yours
 
 
-def test_a_later_exercises_own_mistake_still_costs_it_and_is_named_its_own(graded):
-    exercise = _exercise_of("04_multi_head")
-    tests = graded["ch4_mask"]
-    lost = {exercise[i] for i, t in tests.items() if t["score"] < t["max_score"]}
+def test_an_earlier_mistake_costs_only_the_earlier_exercise(course):
+    exercise = _exercise_of(CH4)
+    tests = _verdicts(course, CH4, "ana")
+    lost = {exercise[i] for i, v in tests.items() if v["score"] < v["max_score"]}
+    assert lost == {"attention"}
+    mha = [v for i, v in tests.items() if exercise[i] == MHA]
+    assert mha and all("Fix `attention` first" in v["message"] for v in mha)
+    assert all("values differ" in v["message"] for v in mha)  # what differs with yours
+    # the feedback says so, and the report counts the mistake once, where it was made
+    assert "standing in for yours" in _feedback(course, CH4, "ana")
+    report = data.read_assignment(course / "gradebook.db", CH4)
+    found = {(f.exercise, f.what): f.students for f in report.mistakes}
+    assert found[("attention", "unscaled")] == ["ana"]
+    assert {w for (e, _), who in found.items() if e == MHA for w in who} == {"ben"}
+    assert report.lost_by("attention") == 1 and report.lost_by(MHA) == 1  # ben's own
+
+
+def test_a_later_exercises_own_mistake_still_costs_it_and_is_named_its_own(course):
+    exercise = _exercise_of(CH4)
+    tests = _verdicts(course, CH4, "ben")
+    lost = {exercise[i] for i, v in tests.items() if v["score"] < v["max_score"]}
     assert lost == {MHA}
-    failed = [t for t in tests.values() if not t["passed"]]
-    assert all(f"mistake is `{MHA}`'s own" in t["message"] for t in failed)
-    assert not any(t.get("stood_in") for t in tests.values())
+    failed = [v for v in tests.values() if not v["passed"]]
+    assert all(f"mistake is `{MHA}`'s own" in v["message"] for v in failed)
 
 
-def test_across_chapters_chapter_6_charges_chapter_4s_mistake_nothing(graded):
-    tests = graded["ch6_unscaled"]
-    assert all(t["score"] == t["max_score"] for t in tests.values())
-    # load_torch_weights on the course's MultiHeadAttention ran in the grader too
-    assert MHA in tests["encoder_layer_torch_weights"]["stood_in"]
+def test_across_chapters_chapter_6_charges_chapter_4s_mistake_nothing(course):
+    tests = _verdicts(course, CH6, "ana")
+    assert all(v["score"] == v["max_score"] for v in tests.values())
     # exercise 0's own test of attention (worth no points here) names the mistake
     assert not tests["ch6_mh_attention_heads"]["passed"]
-    for layer in ("encoder_layer_values", "decoder_stack", "transformer_forward"):
-        assert MHA in tests[layer]["stood_in"], tests[layer]
+    # load_torch_weights on the course's MultiHeadAttention ran in the grader too
+    for layer in (
+        "encoder_layer_torch_weights",
+        "decoder_stack",
+        "transformer_forward",
+    ):
         assert "Fix `attention` first" in tests[layer]["message"], tests[layer]
+    # the gradebook holds full marks for every point-bearing test of chapter 6
+    with Gradebook(f"sqlite:///{course / 'gradebook.db'}", COURSE_ID) as gb:
+        submission = gb.find_submission(CH6, "ana")
+        assert submission.score == submission.max_score > 0
 
 
 def test_which_earlier_exercises_stand_in_follows_the_references():

@@ -24,7 +24,7 @@ import nbformat
 from nbgrader.preprocessors import DeduplicateIds
 
 from autograder.grading.judging import delegation
-from autograder.grading.judging.judge import Verdict, attribute, verdict
+from autograder.grading.judging.judge import NO_RESULT_MARK, Verdict, attribute, verdict
 from autograder.grading.judging.prepare import PreparedTest, prepare
 from autograder.grading.judging.spec import (
     ChapterTests,
@@ -150,12 +150,15 @@ def _missing_reason(run: Run, end: KernelEnd) -> str:
         why = "your code's processes together held more memory than the limit"
     if run.died_in_cell is not None:
         return (
-            f"no result: the kernel died while running code cell {run.died_in_cell} of "
+            f"{NO_RESULT_MARK} the kernel died while running code cell {run.died_in_cell} of "
             f"your notebook ({why}), so nothing after it ran"
         )
     if run.died_in_test:
-        return f"no result: the kernel died while the hidden tests called your code ({why})"
-    return "no result: the test did not finish within its time limit, or your code stopped it"
+        return f"{NO_RESULT_MARK} the kernel died while the hidden tests called your code ({why})"
+    return (
+        f"{NO_RESULT_MARK} the test did not finish within its time limit, or your code "
+        "stopped it"
+    )
 
 
 def grade_notebook(
@@ -392,7 +395,7 @@ def _grade(
 
 
 # What a failed test says when the student's code it calls was never defined or run
-_NOT_RUN = ("does not define", "NameError", "no result:")
+_NOT_RUN = ("does not define", "NameError", NO_RESULT_MARK)
 
 
 def _name_the_slow_cell(found, timed_out: list[int], limits: Limits) -> None:

@@ -15,8 +15,10 @@ from collections import defaultdict
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from autograder.grading.judging import judge
 from autograder.grading.judging.spec import load_chapter_tests
 from autograder.grading.recording import verdict_record
+from autograder.grading.sealed import probe
 from autograder.paths import chapter_page
 
 
@@ -172,9 +174,9 @@ def assignments_in(db: Path) -> list[str]:
 
 
 NOT_ATTEMPTED = (
-    "not implemented yet"  # the probe's message for a stub that still raises
-)
-NO_RESULT = "no result:"  # grade.py's and the judge's: a time limit, a crash
+    probe.NOT_IMPLEMENTED
+)  # the probe's message for a stub that still raises
+NO_RESULT = judge.NO_RESULT_MARK  # grade.py's and the judge's: a time limit, a crash
 
 
 def _set_aside(message: str) -> str | None:
