@@ -261,6 +261,7 @@ UNARMED = "unarmed"  # why the child could not arm the guard
 # code never enters this process: its stand-ins ask the grader, which computes the
 # reference outside the jail and answers only for the run it handed over.
 REFERENCE_PLAN = "reference_plan_{}.pt"  # a test index
+READY = "ready_{}"  # the child waits for that run's plan (its own tests are done)
 ORACLE_REQUEST = "oracle_{}.req"  # a request number: the child's question...
 ORACLE_REPLY = "oracle_{}.rep"  # ...and the grader's answer
 # what a stand-in says when it cannot stand in (an argument it cannot send, a gradient
@@ -583,6 +584,8 @@ def _run_reference_plans(namespace, folder, plans, wait):
     import os
 
     for index in plans.get("references", []):
+        with open(os.path.join(folder, READY.format(index)), "w"):
+            pass
         path = os.path.join(folder, REFERENCE_PLAN.format(index))
         if not _await(path, wait):
             return

@@ -458,6 +458,7 @@ class SealedWindow(threading.Thread):
                     "unsealed",
                     "reference_plan_",
                     "oracle_",
+                    "ready_",
                 )
             ):
                 path.unlink(missing_ok=True)
@@ -480,7 +481,12 @@ class _StandInRuns:
     def step(self) -> None:
         window = self.window
         if self.out is None:
-            if not self.pending or not all(window._done(i) for i in self.own):
+            if not self.pending:
+                return
+            # every result before it is in, or the child waits for the run (a result it
+            # never wrote is then lost, as anywhere in the window)
+            ready = window.folder / probe.READY.format(self.pending[0])
+            if not (ready.exists() or all(window._done(i) for i in self.own)):
                 return
             window._read(self.own)
             self.out = self.pending.pop(0)
