@@ -18,7 +18,8 @@ from autograder.grading.judging.spec import load_chapter_tests
 from tests.notebooks import CHAPTERS, answers, release_notebook, source_notebook
 
 NOTEBOOK_PRELUDE = (
-    "import math\nimport torch\nimport torch.nn.functional as F\nfrom torch import nn\n"
+    "import math\nfrom collections.abc import Callable\nimport torch\n"
+    "import torch.nn.functional as F\nfrom torch import nn\n"
 )
 
 
