@@ -140,7 +140,7 @@ def test_parallel_autograde_records_what_serial_nbgrader_records(courses):
     assert scores == {
         "alice": 10,
         "bob": 0,
-        "carol": 2,
+        "carol": 4,  # her unscaled attention costs that exercise only
         "erin": 10,
         "frank": 10,
         "gus": 0,

@@ -38,7 +38,7 @@ SUBMISSIONS = {
     ),
     "dave": lambda: student_notebook(CHAPTER),
 }
-SCORES = {"alice": 10, "bob": 0, "carol": 2, "dave": 10}
+SCORES = {"alice": 10, "bob": 0, "carol": 4, "dave": 10}  # carol: charged once
 TIMESTAMPS = dict.fromkeys(SUBMISSIONS, "2026-01-14 10:00:00.000000 UTC")
 
 

@@ -168,11 +168,12 @@ def test_wrong_answer_loses_its_points_and_is_named(batch):
         == scores["sdpa_edge_cases"]
         == 0.0
     )
-    assert (
-        scores["self_attention_module"] == 0.0
-    )  # it uses the student's unscaled attention
+    # SelfAttention calls the unscaled attention, and is right itself: with the course's
+    # scaled_dot_product_attention standing in, it passes (one mistake, charged once)
+    assert scores["self_attention_module"] == 2.0
     messages = " ".join(t["message"] for t in result["tests"])
     assert "did you divide q k^T by sqrt(d_k)?" in messages
+    assert "Fix `scaled_dot_product_attention` first" in messages
 
 
 def test_missing_function_is_reported(batch):
@@ -343,7 +344,7 @@ def test_nbgrader_workflow(tmp_path):
     rows = {r.split(",")[header.index("student_id")]: r.split(",") for r in grades[1:]}
     assert float(rows["alice"][header.index("raw_score")]) == 10.0
     assert float(rows["bob"][header.index("raw_score")]) == 0.0
-    assert float(rows["carol"][header.index("raw_score")]) == 2.0  # unscaled, no more
+    assert float(rows["carol"][header.index("raw_score")]) == 4.0  # unscaled, no more
     assert float(rows["dave"][header.index("raw_score")]) == 0.0
     feedback = (root / "feedback" / "bob" / CHAPTER / f"{CHAPTER}.html").read_text()
     assert (
