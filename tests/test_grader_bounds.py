@@ -155,7 +155,10 @@ with open(os.path.join(_folder, "result_7.res"), "wb") as f:
 def test_sparse_result_files_leave_the_grader_within_its_bound(tmp_path):
     graded = _grade_and_measure(write(_with_cell(SPARSE_RESULTS), tmp_path / "s.ipynb"))
     result = graded["result"]
-    assert result["graded"] and result["score"] == 0, result
+    # the first phase's results (the masks) were read before the second phase began:
+    # the sparse files written over them later change nothing
+    passed = {t["id"] for t in result["tests"] if t["passed"]}
+    assert result["graded"] and passed == {"causal_mask_values", "padding_mask_values"}
     messages = " ".join(t["message"] for t in result["tests"])
     assert "could not be read" in messages or "ended" in messages, messages
     # read whole, the files would have cost 6 x 256 MB
