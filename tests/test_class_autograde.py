@@ -400,7 +400,7 @@ def test_the_feedback_page_shows_the_named_mistake_and_math_offline(courses):
         site.close()
     assert seen["width"] == 1280
     assert "Likely mistake: your scores look unscaled" in seen["course"]["text"]
-    assert "Score: 2" in seen["course"]["score"]
+    assert "Score: 4" in seen["course"]["score"]  # her SelfAttention is right
     assert seen["course"]["fits"] and seen["course"]["inside"], seen["course"]
     assert seen["course"]["split"] == [] and seen["course"]["wrap"] == "break-word"
     assert seen["broken"], "the check saw no broken word"  # the test of the test
