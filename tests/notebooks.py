@@ -119,6 +119,15 @@ def gradebook_entries(root: Path, chapter: str, students) -> dict[str, dict]:
 QUICK_LIMITS = ("--startup-timeout", "20", "--test-timeout", "5")
 
 
+def run_python(code: str, timeout=300, **kwargs):
+    """``python -c CODE`` in the repository, in a process of its own (a module blocked,
+    an environment changed), its output captured as text."""
+    return subprocess.run(
+        [sys.executable, "-c", code], cwd=paths.REPO, capture_output=True, text=True,
+        timeout=timeout, **kwargs,
+    )  # fmt: skip
+
+
 def grade_cli(*args, timeout=600):
     """``python -m autograder grade ARGS...``, run as an instructor would."""
     return subprocess.run(

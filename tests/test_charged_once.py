@@ -20,7 +20,13 @@ from autograder.grading.recording import verdict_record
 from autograder.grading.sealed import probe, result_reader
 from autograder.grading.sealed.window import _answer
 from autograder.report import data
-from tests.notebooks import QUICK_LIMITS, class_course, student_notebook, write
+from tests.notebooks import (
+    QUICK_LIMITS,
+    class_course,
+    run_python,
+    student_notebook,
+    write,
+)
 
 UNSCALED = (" / math.sqrt(d_k)", "")
 MHA = "MultiHeadAttention"
@@ -191,7 +197,5 @@ def test_without_triton_the_other_chapters_still_find_their_stand_ins():
         "(p,) = prepare(tests, [tests.test('self_attention_module')], 0)\n"
         "print(p.upstream)\n"
     )
-    run = subprocess.run(
-        [sys.executable, "-c", code], cwd=paths.REPO, capture_output=True, text=True
-    )
+    run = run_python(code)
     assert run.stdout.strip() == "['scaled_dot_product_attention']", run.stderr[-2000:]

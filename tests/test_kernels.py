@@ -4,8 +4,6 @@ backward chapter 8's gradients, and the interpreter runs in a sealed process as 
 grader's child is (no new machine code after the seal)."""
 
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -52,10 +50,7 @@ def test_the_interpreter_is_on_only_without_a_gpu():
         "print(os.environ.get('TRITON_INTERPRET'))\n"
     )
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    run = subprocess.run(
-        [sys.executable, "-c", code], cwd=paths.REPO, env=env, capture_output=True,
-        text=True, timeout=120,
-    )  # fmt: skip
+    run = run_python(code, timeout=120, env=env)
     assert run.returncode == 0, run.stderr[-2000:]
     assert run.stdout.strip() == "None"
 
@@ -179,10 +174,7 @@ def test_the_interpreter_runs_in_a_sealed_process():
         "_, status = os.waitpid(pid, 0)\n"
         "print(os.waitstatus_to_exitcode(status))\n"
     )
-    run = subprocess.run(
-        [sys.executable, "-c", code], cwd=paths.REPO, capture_output=True, text=True,
-        timeout=300,
-    )  # fmt: skip
+    run = run_python(code)
     assert run.returncode == 0, run.stderr[-2000:]
     assert run.stdout.strip() == "0"
 
@@ -202,6 +194,7 @@ import triton.language as tl  # noqa: E402
 
 from autograder.grading.judging.spec import load_chapter_tests  # noqa: E402
 from tests.answers import verdicts  # noqa: E402
+from tests.notebooks import run_python  # noqa: E402
 
 _LOG2E = 1.4426950408889634
 
@@ -459,10 +452,7 @@ def test_without_triton_chapter_11_is_not_graded_and_the_grader_says_why(tmp_pat
             "from autograder.__main__ import main\n"
             f"sys.exit(main(['grade', {str(notebook)!r}, '--json', *{extra!r}]))\n"
         )
-        run = subprocess.run(
-            [sys.executable, "-c", code], cwd=paths.REPO, capture_output=True,
-            text=True, timeout=300,
-        )  # fmt: skip
+        run = run_python(code)
         assert run.returncode == 4, run.stderr[-2000:]  # 4: something was not graded
         results.append(json.loads(run.stdout.splitlines()[-1]))
     for result in results:
@@ -531,7 +521,5 @@ def test_the_grader_runs_triton_in_its_interpreter_on_any_machine():
         "load_chapter_tests('11_kernels').reference()\n"
         "print(os.environ['TRITON_INTERPRET'])\n"
     )
-    run = subprocess.run(
-        [sys.executable, "-c", code], cwd=paths.REPO, capture_output=True, text=True
-    )
+    run = run_python(code)
     assert run.stdout.strip() == "1", run.stderr[-2000:]

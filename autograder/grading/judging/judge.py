@@ -193,7 +193,6 @@ def verdict(
     found = _judged(tests, prepared, got, missing_reason)
     if not found.passed and prepared.stand_ins and _usable(second):
         with_course = _judged(tests, prepared, second, missing_reason)
-        names = _named(prepared.upstream)
         if with_course.passed:
             found = Verdict(
                 test.id,
@@ -206,8 +205,8 @@ def verdict(
             found.message = _stood_in_message(found, test.description, "")
         else:
             with_course.message += (
-                f" (With the course's {names} standing in for yours, too: this "
-                f"mistake is `{test.exercise}`'s own.)"
+                f" (With the course's {_named(prepared.upstream)} standing in for "
+                f"yours, too: this mistake is `{test.exercise}`'s own.)"
             )
             found = with_course
     with delegation.READING_CODE:

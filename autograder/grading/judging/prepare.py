@@ -140,7 +140,7 @@ def _flash_rule(
     rule's multiple of the yardstick's own float32 error. The reference must meet it."""
     namespace = {**reference, p.test.exercise: p.test.yardstick}
     in32 = probe.run_test(namespace, p.plain_plan())
-    in64 = probe.run_test(namespace, _in_float64(p.plain_plan()))
+    in64 = probe.run_test(namespace, probe.map_tensors(p.plain_plan(), _widened))
     allowed = []
     for c, low, exact, ref in zip(p.cases, in32, in64, p.expected, strict=True):
         if "error" in exact or "error" in low:
@@ -184,16 +184,6 @@ def _largest_error(got: torch.Tensor, exact: torch.Tensor) -> float:
     return (got.double() - exact.double()).abs().max().item() if got.numel() else 0.0
 
 
-def _in_float64(plan: TestPlan) -> TestPlan:
-    """The same plan with every floating-point tensor in float64."""
-
-    def widen(value):
-        if isinstance(value, torch.Tensor) and value.is_floating_point():
-            return value.double()
-        if isinstance(value, list):
-            return [widen(v) for v in value]
-        if isinstance(value, dict):
-            return {k: widen(v) for k, v in value.items()}
-        return value
-
-    return widen(plan)
+def _widened(tensor: torch.Tensor) -> torch.Tensor:
+    """A floating-point tensor in float64 (a plan's others as they are)."""
+    return tensor.double() if tensor.is_floating_point() else tensor

@@ -203,16 +203,8 @@ def _rebuilt(value):
         made = value["torch.nn layer"]
         if made.get("torch.nn") not in probe._TORCH_LAYERS:
             raise TooLarge("not a layer a plan builds")
-        with torch.device("meta"):  # sized before it is built
-            size = _numbers(
-                getattr(torch.nn, made["torch.nn"])(
-                    *made["args"], **made["kwargs"]
-                ).state_dict()
-            )
-        if size > ReferenceServer.MAX_NUMBERS:
-            raise TooLarge(
-                f"a layer of {size:,} numbers is more than the grader builds"
-            )
+        layer_class = getattr(torch.nn, made["torch.nn"])
+        _sized_on_meta(lambda: layer_class(*made["args"], **made["kwargs"]), "layer")
         layer = probe._materialise(made, {})
         return layer.get_submodule(value["path"])
     if isinstance(value, list):
@@ -226,14 +218,13 @@ class TooLarge(ValueError):
     """A request the grader will not compute: the stand-in's run counts for nothing."""
 
 
-def _on_meta(value):
-    if isinstance(value, torch.Tensor):
-        return value.to("meta")
-    if isinstance(value, list | tuple):
-        return type(value)(_on_meta(v) for v in value)
-    if isinstance(value, dict):
-        return {k: _on_meta(v) for k, v in value.items()}
-    return value
+def _sized_on_meta(build, what: str) -> None:
+    """Build the module on PyTorch's meta device first (shapes, no memory): one of more
+    than ``ReferenceServer.MAX_NUMBERS`` numbers is refused before it is built."""
+    with torch.device("meta"):
+        size = _numbers(build().state_dict())
+    if size > ReferenceServer.MAX_NUMBERS:
+        raise TooLarge(f"a {what} of {size:,} numbers is more than the grader builds")
 
 
 def _numbers(value) -> int:
@@ -292,7 +283,8 @@ class ReferenceServer:
         output larger than ``MAX_OUTPUT`` is refused before anything is computed. What the
         meta device cannot run is computed as it is (its arguments are bounded)."""
         try:
-            size = _numbers(function(*_on_meta(args), **_on_meta(kwargs)))
+            meta = probe.map_tensors([args, kwargs], lambda t: t.to("meta"))
+            size = _numbers(function(*meta[0], **meta[1]))
         except Exception:  # noqa: BLE001 (an operation without a meta kernel)
             return
         if size > self.MAX_OUTPUT:
@@ -304,14 +296,7 @@ class ReferenceServer:
         args, kwargs = init
         key = f"{cls.__qualname__}{init!r}"
         if key not in self.modules:
-            with torch.device("meta"):
-                size = sum(
-                    t.numel() for t in cls(*args, **kwargs).state_dict().values()
-                )
-            if size > self.MAX_NUMBERS:
-                raise TooLarge(
-                    f"a {cls.__name__} of {size:,} numbers is more than the grader builds"
-                )
+            _sized_on_meta(lambda: cls(*args, **kwargs), cls.__name__)
             self.modules[key] = cls(*args, **kwargs)
             while len(self.modules) > self.KEPT:
                 self.modules.popitem(last=False)

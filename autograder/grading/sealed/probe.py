@@ -79,6 +79,18 @@ def _to_plain(value, depth=0):
     return {"unsupported": type(value).__module__ + "." + type(value).__qualname__}
 
 
+def map_tensors(value, change):
+    """``value`` with ``change`` applied to every tensor in it, containers kept (the
+    grader's: a plan in float64, a request on the meta device)."""
+    if isinstance(value, torch.Tensor):
+        return change(value)
+    if isinstance(value, (list, tuple)):
+        return type(value)(map_tensors(v, change) for v in value)
+    if isinstance(value, dict):
+        return {k: map_tensors(v, change) for k, v in value.items()}
+    return value
+
+
 NOT_IMPLEMENTED = (
     "not implemented yet"  # a stub that still raises (the class report reads it)
 )
@@ -761,23 +773,25 @@ def _remote_module(oracle, name):
                 f"the course's `{name}` has no `{attribute}` here: {CANNOT_STAND_IN}"
             )
 
+        def _ask(self, kind, **request):
+            """The grader's answer for this module: how it was built, its weights now."""
+            state = {k: v.detach() for k, v in self.state_dict().items()}
+            request.update(kind=kind, init=self._course_init, state=state)
+            return oracle.ask(name, request)
+
         def _course_method(self, method, args, kwargs):
             """One of the course's own methods (``load_torch_weights``): run in the
             grader on this module's weights, which come back changed."""
-            state = {k: v.detach() for k, v in self.state_dict().items()}
-            request = {"kind": "method", "method": method, "init": self._course_init}
-            request.update(state=state, args=_sendable(list(args)))
-            request["kwargs"] = _sendable(kwargs)
-            reply = oracle.ask(name, request)
+            args, kwargs = _sendable(list(args)), _sendable(kwargs)
+            reply = self._ask("method", method=method, args=args, kwargs=kwargs)
             with torch.no_grad():
                 self.load_state_dict(reply["state"])
             return reply["value"]
 
         def forward(self, *args, **kwargs):
-            state = {k: v.detach() for k, v in self.state_dict().items()}
-            request = {"kind": "forward", "init": self._course_init, "state": state}
-            request.update(training=self.training, args=list(args), kwargs=kwargs)
-            return oracle.ask(name, request)
+            return self._ask(
+                "forward", training=self.training, args=list(args), kwargs=kwargs
+            )
 
     StandIn.__name__ = StandIn.__qualname__ = name
     return StandIn
