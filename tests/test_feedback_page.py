@@ -229,3 +229,31 @@ def test_math_in_a_heading_stays_math():
     heading = re.search(r"<h2 [^>]*>.*?</h2>", page, re.S).group(0)
     assert "<math" in heading and "<mo>×</mo>" in heading, heading
     assert 'class="anchor-link"' in heading
+
+
+def test_a_page_made_again_from_rendered_markdown_is_the_same(chapter_page):
+    """Markdown is rendered once per process and reused (most of a page's cost): the
+    next student's page of the same chapter is byte for byte the page made afresh."""
+    from autograder.grading.recording import safe_feedback
+
+    assert safe_feedback._RENDERED  # the first page filled it
+    assert _page(_scored(source_notebook(CHAPTER))) == chapter_page
+
+
+def test_reused_markdown_still_counts_against_the_budget(monkeypatch):
+    """A student who repeats one formula-heavy cell gets, from the cell past the page's
+    budget on, the same TeX as text a page made afresh shows: reuse is no way around it."""
+    from autograder.grading.recording import safe_feedback
+
+    formula = r"$\frac{q_i k_j^\top}{\sqrt{d_k}}$ " * 200
+    nb = nbformat.v4.new_notebook()
+    copies = tex_math.PAGE_BUDGET // (len(formula) - 600) + 3
+    nb.cells = [nbformat.v4.new_markdown_cell(formula) for _ in range(copies)]
+    safe_feedback._RENDERED.clear()
+    reused = [_page(nb), _page(nb)]  # the cell rendered once, then reused
+    assert len(safe_feedback._RENDERED) == 1
+    monkeypatch.setattr(safe_feedback, "_keep", lambda key, rendered: None)
+    safe_feedback._RENDERED.clear()
+    fresh = _page(nb)  # every cell rendered
+    assert reused == [fresh, fresh]
+    assert fresh.count('class="tex-') > 0 and fresh.count("<math") > 200

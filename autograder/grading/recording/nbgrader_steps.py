@@ -103,8 +103,10 @@ def _arm_stop_points() -> None:
 
 
 def main(argv: list[str]) -> int:
+    from autograder.grading.recording import schema_once
     from autograder.grading.recording.stop_points import STOP_AT
 
+    schema_once.install()
     timings_file = None
     if argv[:1] == ["--timings"]:
         timings_file, argv = argv[1], argv[2:]

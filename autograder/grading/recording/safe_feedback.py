@@ -21,6 +21,7 @@ from __future__ import annotations
 import copy
 import html
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -113,6 +114,29 @@ class _MathRenderer(IPythonRenderer):
         return self.math.render(f"\\begin{{{name}}}{body}\\end{{{name}}}", True)
 
 
+@dataclass(frozen=True)
+class _Rendered:
+    """A markdown cell's sanitised HTML, and what its formulas took of a page's budget."""
+
+    html: str
+    converted: int
+    as_text: int
+
+
+# markdown rendered in this process (a recording worker makes many pages): at most
+# _KEEP cells of at most _KEEP_CHARS characters, the oldest forgotten first
+_RENDERED: dict[tuple, _Rendered] = {}
+_KEEP, _KEEP_CHARS = 4096, 50_000
+
+
+def _keep(key: tuple, rendered: _Rendered) -> None:
+    if len(key[0]) > _KEEP_CHARS:
+        return
+    if len(_RENDERED) >= _KEEP:
+        del _RENDERED[next(iter(_RENDERED))]
+    _RENDERED[key] = rendered
+
+
 class FeedbackExporter(HTMLExporter):
     """nbgrader's feedback page in the course's template (``feedback_page.py``), with
     everything the student could have written sanitised and the math as MathML."""
@@ -153,8 +177,32 @@ class FeedbackExporter(HTMLExporter):
 
     @pass_context
     def markdown2html(self, context, source):
-        """nbconvert's ``markdown2html`` with the math as MathML, then sanitised."""
+        """nbconvert's ``markdown2html`` with the math as MathML, then sanitised.
+
+        Most of a page's cost, and the same for every student: the chapter's text. So a
+        cell whose rendering cannot depend on anything but its source (no attachments,
+        no image read from disk, no formula past the page's budget) is rendered once per
+        process and reused, its formulas still counted against each page's budget."""
         cell = context.get("cell", {})
+        key = None
+        if not cell.get("attachments") and not self.embed_images:
+            key = (source, self.anchor_link_text, self.exclude_anchor_links)
+        math = self.page_math
+        if key is not None and (kept := _RENDERED.get(key)) is not None:
+            if math.converted + kept.converted <= tex_math.PAGE_BUDGET:
+                math.converted += kept.converted
+                math.as_text += kept.as_text
+                return kept.html
+        before = (math.converted, math.as_text)
+        page = self._render_markdown(context, cell, source)
+        if key is not None and math.converted <= tex_math.PAGE_BUDGET:
+            _keep(
+                key,
+                _Rendered(page, math.converted - before[0], math.as_text - before[1]),
+            )
+        return page
+
+    def _render_markdown(self, context, cell, source) -> str:
         renderer = _MathRenderer(
             self.page_math,
             escape=False,

@@ -268,7 +268,8 @@ def _client(cells, n_student: int, km, workdir: Path, limits: Limits, probe_time
         interrupt_on_timeout=True,
         error_on_timeout={"ename": "TimeoutError", "evalue": "past its time limit"},
         kernel_name="python3",
-        extra_arguments=["--log-level=ERROR"],
+        # an error's name and message are kept, never its traceback (slow to format)
+        extra_arguments=["--log-level=ERROR", "--InteractiveShell.xmode=Minimal"],
         resources={"metadata": {"path": str(workdir)}},
     )
     client.output_limit = int(limits.output_mb * 2**20)

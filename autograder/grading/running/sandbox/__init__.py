@@ -64,6 +64,7 @@ from jupyter_client.manager import AsyncKernelManager
 from jupyter_core.utils import run_sync
 
 from autograder.grading.running.limits import Limits
+from autograder.grading.running.sandbox.ready import ReadyClient
 from autograder.grading.sealed import guard
 from autograder.paths import REPO
 
@@ -437,7 +438,7 @@ class _LaunchedKernelManager(AsyncKernelManager):
     """Starts ``command`` (the launcher) instead of the kernelspec's command."""
 
     def __init__(self, command: list[str], **kwargs):
-        super().__init__(kernel_name="python3", **kwargs)
+        super().__init__(kernel_name="python3", client_factory=ReadyClient, **kwargs)
         self._command = command
 
     def format_kernel_cmd(self, extra_arguments=None) -> list[str]:
@@ -457,7 +458,7 @@ class Unsandboxed:
     @contextmanager
     def kernel(self) -> Iterator[tuple[AsyncKernelManager, Path]]:
         with tempfile.TemporaryDirectory(prefix="grade-") as tmp:
-            km = AsyncKernelManager(kernel_name="python3")
+            km = AsyncKernelManager(kernel_name="python3", client_factory=ReadyClient)
             try:
                 yield km, Path(tmp)
             finally:
