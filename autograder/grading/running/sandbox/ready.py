@@ -10,6 +10,10 @@ This client asks again at once until IOPub carries a message (IOPub is connected
 cell's output can be lost), then takes what is already there and goes on. A message left
 behind belongs to a ``kernel_info`` request, not to a cell: nbclient reads only the
 messages whose parent is the cell it runs.
+
+Its channels also connect sooner. They are opened as soon as the kernel's process
+starts, a tenth of a second before the kernel makes its sockets; ZeroMQ then tries again
+only every 100 ms by default (``RECONNECT_IVL``), here every 5 ms.
 """
 
 from __future__ import annotations
@@ -17,15 +21,23 @@ from __future__ import annotations
 import time
 from queue import Empty
 
+import zmq
 from jupyter_client.asynchronous import AsyncKernelClient
 from jupyter_core.utils import ensure_async
 
 # How long one round waits for IOPub after the kernel has answered on the shell channel:
 # its status messages are sent around the answer, so a connected channel has them by then.
 IOPUB_WAIT = 0.02
+RECONNECT_MS = 5
 
 
 class ReadyClient(AsyncKernelClient):
+    def start_channels(self, *args, **kwargs) -> None:
+        # the client's own context (jupyter_client makes one per client): its sockets'
+        # default, set before they are made
+        self.context.setsockopt(zmq.RECONNECT_IVL, RECONNECT_MS)
+        super().start_channels(*args, **kwargs)
+
     async def _async_wait_for_ready(self, timeout: float | None = None) -> None:
         deadline = time.monotonic() + (float("inf") if timeout is None else timeout)
         while True:
