@@ -23,6 +23,7 @@ the course is imported here. Steps:
 
 import ctypes
 import fcntl
+import gc
 import json
 import os
 import platform
@@ -742,6 +743,27 @@ def eager_compiles():
         set_stance("force_eager")
 
 
+def warm_up():
+    """PyTorch sets up each operation's dispatch on its first call, a few milliseconds
+    each: call the ones every chapter uses once here, so that no kernel pays for them.
+    The tensors are tiny, so no operation starts a thread pool (``fork`` needs this
+    process single-threaded)."""
+    import torch
+    import torch.nn.functional as F
+
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 3, 4, generator=generator, requires_grad=True)
+    layer = torch.nn.Linear(4, 4, bias=False)
+    scores = layer(x) @ x.transpose(-2, -1) / 2.0  # (2, 3, 3)
+    mask = torch.ones(3, 3, dtype=torch.bool).tril()
+    weights = torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
+    out = torch.einsum("bij,bjd->bid", weights, x) + F.layer_norm(x, (4,))
+    out = F.dropout(out, 0.0) + F.gelu(out) + F.relu(out) + torch.exp(out).sqrt()
+    out.sum().backward()
+    torch.allclose(out, out.detach().clone())
+    torch.manual_seed(0)
+
+
 def preload(guard=None):
     """What every kernel would import: done once here, shared by every fork."""
     import matplotlib
@@ -770,6 +792,7 @@ def preload(guard=None):
     except ImportError:
         pass
     eager_compiles()
+    warm_up()
     if guard is not None:
         no_attention_rewrites()
         try:
@@ -793,6 +816,9 @@ def main(socket_path, config_json):
     die_with_parent()
     enter_namespaces(config)
     preload(config.get("guard"))
+    # What the preload made stays shared with every kernel: a kernel's garbage collector
+    # would otherwise walk (and so write to, and copy) every one of those objects.
+    gc.freeze()
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped automatically
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.bind(socket_path)
