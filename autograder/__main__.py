@@ -511,13 +511,14 @@ def _report(result: dict, as_json: bool) -> None:
 def _serve_submissions(args) -> int:
     from autograder.grading.recording import autograde as ag
     from autograder.on_submit import settings
+    from autograder.on_submit.journal import AlreadyServing
     from autograder.on_submit.service import Service, exchange_of
 
     root = ag.course_root(args.course_dir)
     try:
         exchange, course_id = exchange_of(root, args.exchange)
         service = Service(root, exchange, course_id, args.jobs, _limits(args))
-    except settings.SettingsError as exc:
+    except (settings.SettingsError, AlreadyServing) as exc:
         print(f"[on-submit] {exc}", file=sys.stderr)
         return 2
     with ag.stop_on_signals():

@@ -6,17 +6,30 @@ with ``graded`` is never graded again. A line cut short by a kill is skipped."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 from pathlib import Path
 
-FINAL = {"graded", "refused"}
+
+class AlreadyServing(RuntimeError):
+    pass
 
 
 class Journal:
     def __init__(self, root: Path):
         self.path = Path(root) / "on_submit" / "journal.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        # one service per course: two would grade the same submission twice
+        self._lock = open(self.path.with_name("service.lock"), "a")  # noqa: SIM115
+        try:
+            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            self._lock.close()
+            raise AlreadyServing(
+                f"another serve-submissions is serving this course ({self.path.parent}"
+                "/service.lock is held): one service per course"
+            ) from None
         self.entries: dict[str, dict] = {}  # submission key -> its latest line
         self.order: list[str] = []  # keys in the order first written
         self._load()
@@ -62,3 +75,4 @@ class Journal:
 
     def close(self) -> None:
         self._file.close()
+        self._lock.close()

@@ -3,7 +3,8 @@ submission of an assignment graded on submit, oldest first, is refused (another 
 files), kept until the due date, or graded; graded ones are recorded through the
 course's own path (``autograde.record``: nbgrader autograde with the verdicts, then
 ``generate_feedback``) and their page written to the exchange. ``--once``: what is
-waiting, then exit.
+waiting, then exit. Without it, the course's settings are read again every
+``RELOAD_SECONDS`` (an assignment switched on needs no restart).
 
 One warm sandbox grades for the service's life, ``jobs`` notebooks at a time, each
 student's attempts one after another (the next is taken up once the last is recorded),
@@ -29,6 +30,7 @@ from autograder.on_submit.inbound import (
 from autograder.on_submit.journal import Journal
 
 POLL_SECONDS = 1.0
+RELOAD_SECONDS = 10.0  # the course's settings read again this often
 
 
 def exchange_of(root: Path, exchange: Path | None) -> tuple[Path, str]:
@@ -56,6 +58,7 @@ class Service:
         self.root, self.exchange, self.course_id = Path(root), Path(exchange), course_id
         self.jobs, self.limits = max(1, jobs), limits
         self.policies = settings.load(self.root)
+        self.check_owner = settings.check_owner(self.root)
         self.inbound = inbound_path(self.exchange, course_id)
         self.work = self.root / "on_submit" / "attempts"  # each graded attempt's copy
         self.journal = Journal(self.root)
@@ -67,35 +70,69 @@ class Service:
     # --- the loop -------------------------------------------------------------------
 
     def run(self, once: bool = False) -> int:
-        from autograder.grading.grade import _in_a_thread, load_chapter_tests
-        from autograder.grading.recording import autograde as ag
+        from autograder.grading.grade import _in_a_thread
         from autograder.grading.running.preflight import prove
         from autograder.grading.running.sandbox import Sandbox
 
-        if not self.policies:
+        if once and not self.policies:
             log("no assignment is graded on submit (c.GradeOnSubmit.assignments)")
             return 0
-        for assignment in self.policies:
-            load_chapter_tests(assignment).reference()  # once, before the workers
-            if ag.enter_assignment(self.root, assignment) != 0:
-                log(f"could not enter {assignment} in the gradebook")
-                return 1
+        if self.prepare(self.policies) != 0:
+            return 1
         self.work.mkdir(parents=True, exist_ok=True)
         hide = [self.work, self.exchange, self.root]
-        log(f"grading on submit: {', '.join(self.policies)} ({self.inbound})")
         with (
             Sandbox(self.limits, hide=hide) as sandbox,
             ThreadPoolExecutor(self.jobs) as pool,
         ):
             _in_a_thread(prove, sandbox, self.limits)
             self.sandbox, self.pool = sandbox, pool
+            self.announce()
+            looked = time.monotonic()
             while True:
+                if not once and time.monotonic() - looked >= RELOAD_SECONDS:
+                    self.reload()  # switched on or changed without a restart
+                    looked = time.monotonic()
                 taken = self.take_up()
                 recorded = self.record_finished()
                 if once and not taken and not recorded and not self.busy:
                     return 0
                 if not recorded:
                     time.sleep(POLL_SECONDS)
+
+    def announce(self) -> None:
+        on = ", ".join(self.policies) or "none yet (c.GradeOnSubmit.assignments)"
+        log(f"grading on submit: {on}; watching {self.inbound}")
+
+    def prepare(self, assignments) -> int:
+        """Each assignment's reference loaded (here, before a worker imports it) and
+        the assignment in the gradebook."""
+        from autograder.grading.grade import load_chapter_tests
+        from autograder.grading.recording import autograde as ag
+
+        for assignment in assignments:
+            load_chapter_tests(assignment).reference()
+            if ag.enter_assignment(self.root, assignment) != 0:
+                log(f"could not enter {assignment} in the gradebook")
+                return 1
+        return 0
+
+    def reload(self) -> None:
+        """The course's settings again: a mistake in them is logged and the last good
+        ones kept."""
+        try:
+            policies = settings.load(self.root)
+        except settings.SettingsError as exc:
+            log(f"{exc}; keeping the settings read before")
+            return
+        except Exception as exc:  # noqa: BLE001 (a half-edited config file)
+            log(f"could not read nbgrader_config.py ({exc!r:.200}); keeping the last")
+            return
+        if policies == self.policies:
+            return
+        if self.prepare(set(policies) - set(self.policies)) == 0:
+            self.policies = policies
+            self.announce()
 
     def take_up(self) -> int:
         """Each student's oldest waiting submission that is not done with, unless one
@@ -113,7 +150,7 @@ class Service:
             if state == "held" and (due is None or now < due):
                 continue  # kept until the due date
             seen.add(who)
-            if state is None and (others := others_owning(sub)):
+            if state is None and self.check_owner and (others := others_owning(sub)):
                 self.refuse(sub, others)
                 taken += 1
                 continue

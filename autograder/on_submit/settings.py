@@ -101,6 +101,14 @@ def load(root: Path) -> dict[str, Policy]:
     return found
 
 
+def check_owner(root: Path) -> bool:
+    """Whether a submission must be owned by the login it names: yes, unless the course
+    turns nbgrader's own check off (``c.CollectApp.check_owner = False``, for an
+    exchange where owners cannot be told apart), as the course's collect does."""
+    config = PyFileConfigLoader("nbgrader_config.py", path=str(root)).load_config()
+    return bool(config.get("CollectApp", {}).get("check_owner", True))
+
+
 def due_date(root: Path, assignment: str, policy: Policy) -> datetime | None:
     """The setting's ``due``, else the gradebook's due date (UTC, naive), else None."""
     if policy.due is not None:
