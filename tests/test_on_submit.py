@@ -1,7 +1,8 @@
 """Grading on submit (``python -m autograder serve-submissions``): a temp course and
-exchange, real chapter-3 notebooks submitted with nbgrader's own ``submit``, the service
-run ``--once`` (the service was down while they came: each run is a restart) and the
-pages fetched with ``nbgrader fetch_feedback``. One course for the module: its
+exchange, real chapter-3 notebooks submitted with nbgrader's own ``submit`` (its
+exchange classes, in this process: the app's seconds of start-up left out), the
+service run ``--once`` (the service was down while they came: each run is a restart)
+and the pages fetched with ``fetch_feedback``, the same way. One course for the module: its
 submissions are made and graded once, and each test checks one promise of the result.
 The rules alone (attempts, cool-down, keep): the first tests, no grading."""
 
@@ -19,19 +20,25 @@ import pytest
 
 from autograder import paths
 from autograder.on_submit import attempts, settings
-from tests.notebooks import class_course, release_notebook, student_notebook, write
+from tests.notebooks import (
+    class_course,
+    release_notebook,
+    student_notebook,
+    with_extra_cell,
+    write,
+)
 
 CH = "03_self_attention"
 COURSE = "attention-course"
 # logins every Linux has; submissions are made as root and given to them (as a
 # student's own `nbgrader submit` leaves them), one is left root's: another's name
-ANN, BEN, CAL = "daemon", "bin", "sys"
+ANN, BEN, CAL, DEE = "daemon", "bin", "sys", "mail"
 WRONG = lambda s: s.replace(" / math.sqrt(d_k)", "")  # noqa: E731 (a plausible slip)
 
 needs_root = pytest.mark.skipif(
     os.geteuid() != 0
-    or any(u not in {p.pw_name for p in pwd.getpwall()} for u in (ANN, BEN, CAL)),
-    reason="gives submissions to other logins: needs root, and daemon, bin, sys",
+    or any(u not in {p.pw_name for p in pwd.getpwall()} for u in (ANN, BEN, CAL, DEE)),
+    reason="gives submissions to other logins: needs root, and daemon, bin, sys, mail",
 )
 
 
@@ -102,18 +109,34 @@ def test_settings_are_checked_with_a_clear_message(entry, says):
 # --- the service, end to end ---------------------------------------------------------
 
 
-def _nbgrader(course, student, *args):
-    """nbgrader's own command, as ``student`` runs it in their home (its cache there)."""
+def _nbgrader(course, student, step):
+    """nbgrader's own exchange step (``submit``, ``fetch_feedback``) as ``student`` runs
+    it from their home (their cache there); in this process, as nbgrader's app would."""
+    from nbgrader.auth import Authenticator
+    from nbgrader.coursedir import CourseDirectory
+    from nbgrader.exchange.default.fetch_feedback import ExchangeFetchFeedback
+    from nbgrader.exchange.default.submit import ExchangeSubmit
+    from traitlets.config import Config
+
     home = course.dir / student
     (home / CH).mkdir(parents=True, exist_ok=True)
-    done = subprocess.run(
-        [sys.executable, "-m", "nbgrader", *args, f"--student={student}",
-         f"--Exchange.root={course.exchange}", f"--Exchange.cache={home / 'cache'}",
-         f"--CourseDirectory.course_id={COURSE}"],
-        cwd=home, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-3000:]
-    return done.stderr
+    config = Config()
+    config.Exchange.root, config.Exchange.cache = (
+        str(course.exchange),
+        str(home / "cache"),
+    )
+    config.Exchange.assignment_dir = str(home)
+    config.CourseDirectory.root, config.CourseDirectory.course_id = str(home), COURSE
+    config.CourseDirectory.assignment_id, config.CourseDirectory.student_id = (
+        CH,
+        student,
+    )
+    kind = {"submit": ExchangeSubmit, "fetch_feedback": ExchangeFetchFeedback}[step]
+    kind(
+        coursedir=CourseDirectory(config=config),
+        authenticator=Authenticator(config=config),
+        config=config,
+    ).start()
 
 
 class Course:
@@ -149,7 +172,7 @@ class Course:
         (self.dir / named / CH).mkdir(parents=True, exist_ok=True)
         write(nb, self.dir / named / CH / f"{CH}.ipynb")
         before = set((self.exchange / COURSE / "inbound").iterdir())
-        _nbgrader(self, named, "submit", CH)
+        _nbgrader(self, named, "submit")
         (new,) = set((self.exchange / COURSE / "inbound").iterdir()) - before
         uid = pwd.getpwnam(owner or named).pw_uid
         for path in (new, *new.iterdir()):
@@ -161,7 +184,7 @@ class Course:
         started = time.perf_counter()
         done = subprocess.run(
             [sys.executable, "-m", "autograder", "serve-submissions", "--once",
-             "--course-dir", str(self.root), "--jobs", "2"],
+             "--course-dir", str(self.root), "--jobs", "2", "--cell-timeout", "30"],
             capture_output=True, text=True, timeout=400,
             env={**os.environ, "PYTHONPATH": str(paths.REPO)},
         )  # fmt: skip
@@ -171,7 +194,7 @@ class Course:
 
     def pages(self, student) -> dict[str, str]:
         """``nbgrader fetch_feedback`` for ``student``: each submission's page by time."""
-        _nbgrader(self, student, "fetch_feedback", CH)
+        _nbgrader(self, student, "fetch_feedback")
         found = {}
         for page in (self.dir / student / CH / "feedback").glob(f"*/{CH}.html"):
             found[page.parent.name] = page.read_text()
@@ -199,16 +222,20 @@ def _score(root, student):
 
 @pytest.fixture(scope="module")
 def course(tmp_path_factory):
-    """Submitted while the service was down, then served: ann's 1st attempt right, her
-    2nd and 3rd wrong, her 4th (right) beyond the limit; ben's one; one of ben's in
-    cal's name. Then the due date passes, ben submits again and the service is killed
-    mid-grade (its journal says "started"); it comes back and grades what is left."""
+    """Submitted while the service was down, then served: dee's, a cell that never
+    ends (the service's cell time limit: 30 s); ben's one; ann's 1st attempt right, her
+    2nd and 3rd wrong, her 4th (right) beyond the limit; one of ben's in cal's name.
+    Then the due date passes, ben submits again and the service is killed mid-grade
+    (its journal says "started"); it comes back and grades what is left."""
     if os.geteuid() != 0:
         pytest.skip("needs root")
     c = Course(tmp_path_factory.mktemp("on_submit"))
+    endless = with_extra_cell(student_notebook(CH), "while True:\n    pass",
+                              "exercise_causal_mask")  # fmt: skip
+    c.dee = c.submit(DEE, endless)
+    c.ben = [c.submit(BEN, student_notebook(CH))]
     c.ann = [c.submit(ANN, student_notebook(CH))]
     c.ann += [c.submit(ANN, student_notebook(CH, WRONG)) for _ in range(2)]
-    c.ben = [c.submit(BEN, student_notebook(CH))]
     c.cal = c.submit(CAL, student_notebook(CH, WRONG), owner="root")
     c.ann.append(c.submit(ANN, student_notebook(CH)))
     c.first_run = c.serve()
@@ -264,6 +291,24 @@ def test_a_students_attempts_are_graded_in_order_each_once(course):
     assert len(graded) == len(set(graded))
     # killed mid-grade: graded again on restart, and once
     assert graded.count(course.ben[1].name) == 1
+
+
+@needs_root
+def test_a_notebook_that_never_ends_holds_up_no_one_else(course):
+    """dee's notebook came first and holds a worker for its whole time limit (30 s):
+    ben's, which came next, is graded on the other worker and his feedback written
+    before dee's notebook is even graded; dee's page comes once it is."""
+    journal = course.journal()
+    lines = [(e["submission"], e["state"]) for e in journal]
+    assert lines.index((course.ben[0].name, "graded")) < lines.index(
+        (course.dee.name, "verdict")
+    )
+    (verdict,) = [
+        e for e in journal if e.get("result") and e["submission"] == course.dee.name
+    ]
+    assert "ran past its time limit and was interrupted" in verdict["result"]["message"]
+    (page,) = course.pages(DEE).values()
+    assert "Attempt 1 (submitted" in page
 
 
 @needs_root
