@@ -6,7 +6,8 @@
 # network.
 #
 #   sh setup.sh --instructor USER [--course-clone DIR] [--exchange DIR]
-#               [--config-dir DIR] [--hub-dir DIR] [--python PATH] STUDENT...
+#               [--config-dir DIR] [--hub-dir DIR] [--python PATH] [--unit-dir DIR]
+#               STUDENT...
 #
 # --python PATH   the course's Python, with JupyterHub, which every user must be able to
 #                 run (default: python3 on root's PATH)
@@ -36,6 +37,7 @@ while [ $# -gt 0 ]; do
     --exchange) exchange=${2:?}; pass="$pass --exchange $2"; shift 2 ;;
     --config-dir) config_dir=${2:?}; pass="$pass --config-dir $2"; shift 2 ;;
     --hub-dir) hub_dir=${2:?}; shift 2 ;;
+    --unit-dir) pass="$pass --unit-dir ${2:?}"; shift 2 ;;
     --python) python=${2:?}; pass="$pass --python $2"; shift 2 ;;
     --) shift; break ;;
     -*) die "unknown option $1 (see the top of this file)" ;;
