@@ -4,7 +4,8 @@ ASSIGNMENT`` (a class into nbgrader's gradebook, in parallel), ``merge``
 (shards' results into the gradebook), ``check`` (is this machine ready to grade?) and
 ``release`` (version, digests and the change log's freshness; ``--record`` at a release),
 ``report [ASSIGNMENT]`` (the class report: what the class got wrong) and ``export --lms
-canvas|moodle|blackboard`` (the gradebook as an LMS's grade-import CSV)."""
+canvas|moodle|blackboard`` (the gradebook as an LMS's grade-import CSV) and
+``serve-submissions`` (grading on submit: ``autograder/on_submit/``)."""
 
 import argparse
 import json
@@ -507,6 +508,26 @@ def _report(result: dict, as_json: bool) -> None:
         )
 
 
+def _serve_submissions(args) -> int:
+    from autograder.grading.recording import autograde as ag
+    from autograder.on_submit import settings
+    from autograder.on_submit.journal import AlreadyServing
+    from autograder.on_submit.service import Service, exchange_of
+
+    root = ag.course_root(args.course_dir)
+    try:
+        exchange, course_id = exchange_of(root, args.exchange)
+        service = Service(root, exchange, course_id, args.jobs, _limits(args))
+    except (settings.SettingsError, AlreadyServing) as exc:
+        print(f"[on-submit] {exc}", file=sys.stderr)
+        return 2
+    with ag.stop_on_signals():
+        try:
+            return service.run(once=args.once)
+        except KeyboardInterrupt as stop:  # a graded attempt not recorded: graded again
+            return ag.stopped_by(stop)[1]
+
+
 def _limit_arguments(command) -> None:
     """The limits' flags; their defaults come from ``Limits``, the one place they are set."""
     from autograder.grading.running.limits import Limits
@@ -741,7 +762,30 @@ def main(argv=None) -> int:
         "--force", action="store_true", help="replace the file if it exists"
     )
     export.set_defaults(run=_export)
-    for command in (autograde, merge, class_report, export):
+    serve = commands.add_parser(
+        "serve-submissions",
+        help="grade each submission of the assignments switched on in the course's "
+        "c.GradeOnSubmit.assignments as it reaches the exchange, and release its "
+        "feedback page (deploy/: a systemd unit, a JupyterHub service)",
+    )
+    serve.add_argument(
+        "--exchange",
+        type=Path,
+        help="nbgrader's exchange root (default: the course config's Exchange.root)",
+    )
+    serve.add_argument(
+        "--jobs",
+        type=int,
+        default=2,
+        help="submissions of different students graded at once (default 2)",
+    )
+    serve.add_argument(
+        "--once",
+        action="store_true",
+        help="handle the submissions waiting now, then exit (tests, cron)",
+    )
+    serve.set_defaults(run=_serve_submissions)
+    for command in (autograde, merge, class_report, export, serve):
         command.add_argument(
             "--course-dir",
             type=Path,
@@ -749,7 +793,7 @@ def main(argv=None) -> int:
         )
     autograde.set_defaults(run=_autograde)
     merge.set_defaults(run=_merge)
-    for command in (grade, check, autograde):
+    for command in (grade, check, autograde, serve):
         _limit_arguments(command)
     grade.add_argument(
         "--no-sandbox",

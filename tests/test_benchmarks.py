@@ -1,6 +1,7 @@
 """The benchmarks run: a GPU figure the book quotes comes from a script that still works."""
 
 import json
+import re
 import subprocess
 import sys
 
@@ -44,3 +45,20 @@ def test_the_kernel_tolerance_benchmark_prints_every_output_within_its_budget():
         for name in ("out", "L", "dq", "dk", "dv")
     }
     assert all(float(used) < 1 for *_, used in rows), run.stdout
+
+
+def test_the_submit_latency_benchmark_prints_median_worst_and_machine():
+    run = subprocess.run(
+        [sys.executable, "benchmarks/submit_latency.py", "--class-size", "2",
+         "--window", "2"],
+        cwd=paths.REPO, capture_output=True, text=True, timeout=400,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    lines = run.stdout.splitlines()
+    assert lines[0].startswith("2 students submitting within 2 s (seed 0)"), lines
+    assert re.fullmatch(
+        r"submit-to-feedback latency: median \d+\.\d s, worst \d+\.\d s \(goal: worst "
+        r"<= 30 s: (met|NOT met)\)",
+        lines[1],
+    ), lines
+    assert re.fullmatch(r"machine: .+, \d+ cores, .+, Python [\d.]+", lines[2]), lines

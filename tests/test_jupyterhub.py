@@ -218,10 +218,12 @@ def _walk(w: Walk, browser) -> Walk:
     w.students = {role: users.add(role) for role in ("alice", "bob")}
     copy_working_tree(paths.REPO, w.clone, w.instructor)
     hub_dir = w.base / "hub"
+    (w.base / "systemd").mkdir()  # setup's unit of grading on submit: not the machine's
     setup = [
         "sh", str(DEPLOY / "setup.sh"), "--exchange", str(w.base / "exchange"),
         "--config-dir", str(users.config_dir), "--hub-dir", str(hub_dir),
-        "--python", sys.executable, "--instructor", w.instructor, *w.students.values(),
+        "--python", sys.executable, "--unit-dir", str(w.base / "systemd"),
+        "--instructor", w.instructor, *w.students.values(),
     ]  # fmt: skip
     # (in the users' view of the Python installation, as the hub runs: setup.sh checks
     # that they can run it)
@@ -283,6 +285,9 @@ def _walk(w: Walk, browser) -> Walk:
 
     # 5. The jail cannot start (a host that refuses user namespaces, here a seccomp
     # filter on the instructor's server): formgrader's button for B says so
+    w.seen["on-submit service"] = [
+        line for line in hub.log_text().splitlines() if "on-submit" in line
+    ]
     hub.stop()
     nojail = hub_dir / "jupyterhub_config_nojail.py"
     deny = w.clone / "tests" / "deny_syscalls.py"
@@ -412,6 +417,14 @@ def test_formgrader_shows_in_its_tab(walk):
     assert walk.seen["formgrader blank"] is False
     for step in ("generate", "release", "collect"):
         assert walk.seen[step]["id"] == "success-modal", walk.seen[step]["text"]
+
+
+def test_the_hub_runs_grading_on_submit_as_the_instructor(walk):
+    """The hub starts the service (``c.JupyterHub.services``) as the instructor: it
+    proved its jail and waits for an assignment to be switched on."""
+    lines = walk.seen["on-submit service"]
+    assert any("grading on submit: none yet" in line for line in lines), lines
+    assert not any("Traceback" in line for line in lines), lines
 
 
 def test_formgrader_is_the_instructors_alone(walk):

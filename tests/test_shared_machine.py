@@ -16,6 +16,7 @@ import json
 import os
 import re
 import shutil
+import sqlite3
 import stat
 import subprocess
 import sys
@@ -59,10 +60,15 @@ class Term(CourseOnMachine):
     nobody: str = "ac-nobody"  # a student id with no submission and no account
     gradebooks: dict[str, dict] = field(default_factory=dict)  # after each autograde
     modes: dict[str, int] = field(default_factory=dict)
+    on_submit: Path | None = None  # where A fetched her pages of grading on submit
 
     @property
     def exchange(self) -> Path:
         return self.base / "exchange"
+
+    @property
+    def units(self) -> Path:
+        return self.base / "systemd"
 
     def feedback_page(self, role: str) -> Path:
         (page,) = (self.work(role) / "feedback").glob(f"*/{CHAPTER}.html")
@@ -122,8 +128,10 @@ def _run_term(t: Term) -> Term:
     copy_working_tree(paths.REPO, t.clone, t.instructor)
     # 2. The machine's set-up, as root; run again, it puts right what was changed since
     # (an exchange as nbgrader would have made it, a home as useradd makes it)
+    t.units.mkdir()  # the grading-on-submit unit goes here, not into the machine's
     setup = ["sh", str(DEPLOY / "setup.sh"), "--exchange", str(t.exchange),
              "--config-dir", str(users.config_dir), "--instructor", t.instructor,
+             "--python", sys.executable, "--unit-dir", str(t.units),
              *t.students.values()]  # fmt: skip
     for run in ("setup", "setup again"):
         if run == "setup again":
@@ -200,6 +208,23 @@ def _run_term(t: Term) -> Term:
     runs["collect again"] = users.nbgrader(
         instructor, "collect", CHAPTER, "--update", cwd=root
     )
+    # 7. Grading on submit (the guide's "Feedback on submit"), one graded attempt: A
+    #    submits once more; the service, run as the instructor as setup's systemd unit
+    #    runs it, grades what is in the exchange; A fetches her pages (into a folder of
+    #    her own: the ones fetched above stay as they were)
+    rules = {CHAPTER: {"attempts": 1, "keep": "last", "due": "2099-01-01 00:00:00"}}
+    with open(root / "nbgrader_config.py", "a") as config:
+        config.write(f"\nc.GradeOnSubmit.assignments = {rules!r}\n")
+    users.nbgrader(alice, "submit", CHAPTER, "--course", COURSE)
+    runs["serve"] = users.run(
+        instructor, sys.executable, "-m", "autograder", "serve-submissions", "--once",
+        "--exchange", t.exchange, cwd=t.clone,
+    )  # fmt: skip
+    t.on_submit = Users.home(alice) / "on-submit"
+    users.run(alice, "mkdir", t.on_submit)
+    users.nbgrader(
+        alice, "fetch_feedback", CHAPTER, "--course", COURSE, cwd=t.on_submit
+    )
     return t
 
 
@@ -221,6 +246,16 @@ def test_setup_makes_a_sticky_exchange_and_private_homes(term):
         paths.REPO / "autograder" / "grading" / "recording" / "validate_settings.py"
     )
     assert installed.read_bytes() == course.read_bytes()
+    # grading on submit: a systemd unit that runs the service as the instructor
+    unit = (term.units / "attention-course-on-submit.service").read_text()
+    assert f"User={term.instructor}\n" in unit and not re.search("@[A-Z]+@", unit)
+    assert (
+        f"ExecStart={sys.executable} -m autograder serve-submissions --course-dir "
+        f"{term.course_root} --exchange {term.exchange} --jobs 2\n"
+    ) in unit
+    assert (
+        "systemctl daemon-reload && systemctl enable --now" in term.runs["setup"].stdout
+    )
 
 
 def test_students_list_fetch_and_validate(term):
@@ -302,6 +337,33 @@ def test_collect_refuses_a_submission_in_another_students_name(term):
         submitted / bob / CHAPTER / f"{CHAPTER}.ipynb", as_version=4
     ) == nbformat.read(term.work("bob") / f"{CHAPTER}.ipynb", as_version=4)
     assert not (submitted / term.nobody).exists()
+
+
+def test_on_submit_grades_each_students_own_and_counts_their_attempts(term):
+    """The service, as the instructor, with real users: each student's own submission
+    graded and its page where their `nbgrader fetch_feedback` finds it; A's second,
+    beyond her one graded attempt, kept; the ones A made in others' names refused."""
+    alice, bob = term.students["alice"], term.students["bob"]
+    log = term.runs["serve"].stderr
+    for other in (bob, term.nobody):
+        assert re.search(
+            rf"REFUSED .+?: it names {other} but is owned by {alice}; not graded", log
+        ), log[-3000:]
+    pages = sorted((term.on_submit / CHAPTER / "feedback").glob(f"*/{CHAPTER}.html"))
+    first, second = (p.read_text() for p in pages)
+    assert "Attempt 1 (submitted" in first and "0 graded attempts left of 1" in first
+    assert "(Score: 10.0 / 10.0)" in first
+    assert (
+        "you have used your 1 graded attempt(s); it will be graded after the due"
+        in (second)
+    )
+    # the gradebook holds each student's own attempt, with its provenance
+    with Gradebook(f"sqlite:///{term.course_root / 'gradebook.db'}", COURSE) as gb:
+        assert gb.find_submission(CHAPTER, bob).score < 10
+    with sqlite3.connect(term.course_root / "gradebook.db") as db:
+        rows = dict(db.execute("SELECT student, attempt FROM autograder_provenance"))
+    assert json.loads(rows[alice])["why"].startswith("keep=last")
+    assert term.nobody not in rows
 
 
 PROBE = r"""

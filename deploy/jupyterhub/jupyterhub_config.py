@@ -54,6 +54,27 @@ c.Spawner.environment = {"JUPYTER_CONFIG_PATH": config_path}
 c.Spawner.start_timeout = 120
 c.Spawner.http_timeout = 120
 
+# Grading on submit: the hub starts `python -m autograder serve-submissions` as the
+# instructor and restarts it if it stops. It grades the assignments the course's
+# nbgrader_config.py lists in c.GradeOnSubmit.assignments (none: it waits; the list is
+# read again every 10 s). Enable the shared machine's systemd unit instead only where no
+# hub runs: one service per course (a second one refuses to start).
+if course.get("clone"):
+    serve = [
+        sys.executable, "-m", "autograder", "serve-submissions",
+        "--course-dir", f"{course['clone']}/autograder/course",
+        "--exchange", course["exchange"], "--jobs", "2",
+    ]  # fmt: skip
+    c.JupyterHub.services = [
+        {
+            "name": "attention-course-on-submit",
+            "user": course["instructor"],
+            "command": serve,
+            "cwd": course["clone"],
+            "environment": {"PYTHONPATH": course["clone"], "PYTHONUNBUFFERED": "1"},
+        }
+    ]
+
 # The hub's own state (its database and cookie secret) beside this file, not in the
 # folder the hub happens to be started from.
 c.JupyterHub.db_url = f"sqlite:///{here / 'jupyterhub.sqlite'}"

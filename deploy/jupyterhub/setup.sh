@@ -6,7 +6,8 @@
 # network.
 #
 #   sh setup.sh --instructor USER [--course-clone DIR] [--exchange DIR]
-#               [--config-dir DIR] [--hub-dir DIR] [--python PATH] STUDENT...
+#               [--config-dir DIR] [--hub-dir DIR] [--python PATH] [--unit-dir DIR]
+#               STUDENT...
 #
 # --python PATH   the course's Python, with JupyterHub, which every user must be able to
 #                 run (default: python3 on root's PATH)
@@ -20,6 +21,7 @@ config_dir=/etc/jupyter
 hub_dir=/etc/jupyterhub
 instructor=
 clone=
+exchange=/srv/nbgrader/exchange
 pass=
 python=
 
@@ -32,10 +34,11 @@ while [ $# -gt 0 ]; do
     case $1 in
     --instructor) instructor=${2:?}; pass="$pass --instructor $2"; shift 2 ;;
     --course-clone) clone=${2:?}; pass="$pass --course-clone $2"; shift 2 ;;
-    --exchange) pass="$pass --exchange ${2:?}"; shift 2 ;;
+    --exchange) exchange=${2:?}; pass="$pass --exchange $2"; shift 2 ;;
     --config-dir) config_dir=${2:?}; pass="$pass --config-dir $2"; shift 2 ;;
     --hub-dir) hub_dir=${2:?}; shift 2 ;;
-    --python) python=${2:?}; shift 2 ;;
+    --unit-dir) pass="$pass --unit-dir ${2:?}"; shift 2 ;;
+    --python) python=${2:?}; pass="$pass --python $2"; shift 2 ;;
     --) shift; break ;;
     -*) die "unknown option $1 (see the top of this file)" ;;
     *) break ;;
@@ -105,11 +108,12 @@ put "$tmp" "$jdir/nbgrader_config.py"
 # 5. The hub's config, and who is who
 install -d -m 0700 "$hub_dir"
 install -m 0644 "$here/jupyterhub_config.py" "$hub_dir/jupyterhub_config.py"
-"$python" - "$hub_dir/attention_course_hub.json" "$instructor" "$config_dir" "$@" <<'PY'
+"$python" - "$hub_dir/attention_course_hub.json" "$instructor" "$config_dir" "$clone" "$exchange" "$@" <<'PY'
 import json, sys
-out, instructor, config_dir, *students = sys.argv[1:]
+out, instructor, config_dir, clone, exchange, *students = sys.argv[1:]
 with open(out, "w") as f:
-    json.dump({"instructor": instructor, "students": students, "config_dir": config_dir}, f, indent=1)
+    json.dump({"instructor": instructor, "students": students, "config_dir": config_dir,
+               "clone": clone, "exchange": exchange}, f, indent=1)
 PY
 chmod 0600 "$hub_dir/attention_course_hub.json"
 

@@ -4,13 +4,17 @@
 # (it only creates what is missing and resets modes). Needs no network.
 #
 #   sh setup.sh --instructor USER [--course-clone DIR] [--exchange DIR]
-#               [--config-dir DIR] STUDENT...
+#               [--config-dir DIR] [--python PATH] [--unit-dir DIR] STUDENT...
 #
 # --instructor USER   the instructor's login; their home folder is made private
 # --course-clone DIR  the instructor's clone of the course (default: ~USER/attention-course)
 # --exchange DIR      nbgrader's exchange folder (default: /srv/nbgrader/exchange)
 # --config-dir DIR    where nbgrader_config.py goes, with attention_course_validate.py
 #                     (default: /etc/jupyter)
+# --python PATH       the course's Python, for the grading-on-submit service (default:
+#                     python3 on root's PATH)
+# --unit-dir DIR      where that service's systemd unit goes (default:
+#                     /etc/systemd/system; installed, not enabled)
 # STUDENT...          the students' logins (their nbgrader student ids): homes made private
 set -eu
 
@@ -19,6 +23,8 @@ exchange=/srv/nbgrader/exchange
 config_dir=/etc/jupyter
 instructor=
 clone=
+python=
+unit_dir=/etc/systemd/system
 
 die() {
     echo "setup.sh: $*" >&2
@@ -31,6 +37,8 @@ while [ $# -gt 0 ]; do
     --course-clone) clone=${2:?}; shift 2 ;;
     --exchange) exchange=${2:?}; shift 2 ;;
     --config-dir) config_dir=${2:?}; shift 2 ;;
+    --python) python=${2:?}; shift 2 ;;
+    --unit-dir) unit_dir=${2:?}; shift 2 ;;
     --) shift; break ;;
     -*) die "unknown option $1 (see the top of this file)" ;;
     *) break ;;
@@ -95,5 +103,29 @@ if ! runuser -u "$instructor" -- unshare --user --map-root-user --mount true 2>/
         "start; run 'python -m autograder check' as $instructor for the fix" >&2
 fi
 
+# 5. Grading on submit: a systemd unit running `python -m autograder serve-submissions`
+#    as the instructor, installed but not enabled (the instructor guide's "Feedback on
+#    submit"): it grades the assignments the course's nbgrader_config.py switches on.
+python=${python:-$(command -v python3 || true)}
+case $python$clone$unit_dir in
+*[!A-Za-z0-9._/-]*) die "--python, the clone and --unit-dir: use only letters, digits and . _ - / in paths" ;;
+esac
+if [ -n "$python" ] && [ -d "$unit_dir" ]; then
+    unit=$unit_dir/attention-course-on-submit.service
+    sed -e "s#@INSTRUCTOR@#$instructor#g" -e "s#@CLONE@#$clone#g" \
+        -e "s#@PYTHON@#$python#g" -e "s#@EXCHANGE@#$exchange#g" \
+        "$here/attention-course-on-submit.service" >"$tmp"
+    install -m 0644 -o root -g root "$tmp" "$unit"
+else
+    echo "grading on submit: no systemd unit folder $unit_dir (or no python3): run" \
+        "'$python -m autograder serve-submissions --exchange $exchange' as $instructor" \
+        "in $clone, under your service manager" >&2
+    unit=
+fi
+
 echo "exchange $exchange (mode 1777), config $config_dir/nbgrader_config.py," \
     "private homes for $instructor and $# student(s)"
+if [ -n "$unit" ]; then
+    echo "grading on submit: $unit installed; switch it on with" \
+        "'systemctl daemon-reload && systemctl enable --now attention-course-on-submit'"
+fi

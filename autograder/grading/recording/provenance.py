@@ -134,14 +134,15 @@ def record_in_gradebook(
         db.execute(
             f"CREATE TABLE IF NOT EXISTS {TABLE} (assignment TEXT NOT NULL, "
             "student TEXT NOT NULL, course_version TEXT, digest TEXT, seed INTEGER, "
-            "graded_at TEXT, flags TEXT, PRIMARY KEY (assignment, student))"
+            "graded_at TEXT, flags TEXT, attempt TEXT, PRIMARY KEY (assignment, student))"
         )
         columns = {row[1] for row in db.execute(f"PRAGMA table_info({TABLE})")}
-        if "flags" not in columns:  # a gradebook from before flags: one more column
-            db.execute(f"ALTER TABLE {TABLE} ADD COLUMN flags TEXT")
+        for column in ("flags", "attempt"):  # a gradebook from before them
+            if column not in columns:
+                db.execute(f"ALTER TABLE {TABLE} ADD COLUMN {column} TEXT")
         db.execute(
             f"INSERT OR REPLACE INTO {TABLE} (assignment, student, course_version, "
-            "digest, seed, graded_at, flags) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            "digest, seed, graded_at, flags, attempt) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 assignment,
                 student,
@@ -151,6 +152,9 @@ def record_in_gradebook(
                 datetime.now(UTC).isoformat(timespec="seconds"),
                 # for the instructor's review (``delegation.flags``): never a point
                 json.dumps(result.get("flags") or []),
+                # graded on submit: which attempt this is (its number, time, sha256)
+                # and why the course keeps it (``on_submit.attempts.chosen``)
+                json.dumps(result["attempt"]) if result.get("attempt") else None,
             ),
         )
 
