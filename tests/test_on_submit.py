@@ -338,3 +338,34 @@ def test_a_submission_in_another_students_name_is_refused(course):
             if e["submission"] == course.cal.name] == ["refused"]  # fmt: skip
     assert not (course.root / "submitted" / CAL).exists()
     assert course.pages(CAL) == {}
+
+
+def test_a_grader_fault_uses_no_attempt(tmp_path):
+    """An attempt the grader could not grade (``graded: False``) is not the student's
+    grade: the page says so, and the next submission is still attempt 1 of 3."""
+    from autograder.on_submit.inbound import Submission
+    from autograder.on_submit.journal import Journal
+    from autograder.on_submit.service import Service
+
+    folder = (
+        tmp_path / "exchange" / COURSE / "inbound" / f"ann+{CH}+2026-01-14 10:00:00+x"
+    )
+    folder.mkdir(parents=True)
+    (folder / "submission_secret.txt").write_text("secret")
+    (tmp_path / "exchange" / COURSE / "feedback").mkdir()
+    sub = Submission(folder, "ann", CH, T)
+    service = Service.__new__(Service)
+    service.exchange, service.course_id = tmp_path / "exchange", COURSE
+    service.journal = Journal(tmp_path / "course")
+    service.journal.write(sub.key, "started", attempt=1, student="ann", assignment=CH,
+                          timestamp="2026-01-14 10:00:00")  # fmt: skip
+    fault = {"graded": False, "message": "grader fault: the kernel did not start"}
+    service._not_counted(sub, fault, P3, 1)
+    (page,) = (tmp_path / "exchange" / COURSE / "feedback").glob("*.html")
+    text = page.read_text()
+    assert "does not count as a graded attempt (3 graded attempts left of 3)" in text
+    assert "the kernel did not start" in text
+    history = service.journal.of("ann", CH)
+    assert history[0]["state"] == "fault"
+    assert attempts.decide(history, T, P3, None, now=T).number == 1
+    assert attempts.chosen(history, "best") is None

@@ -1,6 +1,7 @@
 """What happened to each submission, one fsync'd JSON line per step, in the course root
 (``on_submit/journal.jsonl``): ``started`` (grading began), then ``graded``, ``held``
-(kept until the due date), ``refused`` (another login's files) or ``recorded``. A
+(kept until the due date), ``refused`` (another login's files), ``fault`` (the grader
+could not grade it: no attempt used) or ``recorded``. A
 submission whose last line is ``started`` was cut off (a crash): it is graded again. One
 with ``graded`` is never graded again. A line cut short by a kill is skipped."""
 

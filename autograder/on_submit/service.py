@@ -142,7 +142,8 @@ class Service:
         for sub in waiting(self.inbound, self.policies):
             who = (sub.student, sub.assignment)
             state = self.journal.state(sub.key)
-            if state in ("graded", "refused") or who in seen or who in self.busy:
+            done_with = ("graded", "refused", "fault")
+            if state in done_with or who in seen or who in self.busy:
                 continue
             policy = self.policies[sub.assignment]
             due = settings.due_date(self.root, sub.assignment, policy)
@@ -296,6 +297,9 @@ class Service:
             )
             entry = self.journal.entries[sub.key]
             used = entry["attempt"]
+            if not result.get("graded", True):
+                self._not_counted(sub, result, policy, used)
+                continue
             text = (
                 f"Attempt {used} (submitted {sub.timestamp:%Y-%m-%d %H:%M:%S} UTC): "
                 f"{attempts.left(policy, used)}."
@@ -322,6 +326,23 @@ class Service:
                 self._place(sub)
             ag.record(self.root, assignment, [r for _, r in again], force=True,
                       jobs=self.jobs)  # fmt: skip
+
+    def _not_counted(self, sub: Submission, result: dict, policy, number: int) -> None:
+        """A grader fault (``graded: False``) is never the student's grade: the page says
+        so, the attempt does not count against the limit, and the instructor's own
+        autograde grades the submission later."""
+        why = result.get("message") or "a fault of the grader's"
+        text = (
+            f"Submission of {sub.timestamp:%Y-%m-%d %H:%M:%S} UTC: not graded. The grader "
+            f"could not grade it ({why}). That is the grader's fault, not your "
+            "notebook's: it does not count as a graded attempt "
+            f"({attempts.left(policy, number - 1)}), and your instructor will grade it."
+        )
+        title = f"{sub.assignment}: not graded (the grader's fault)"
+        pages.write(pages.feedback_path(self.exchange, self.course_id, sub),
+                    pages.held_page(sub, text, title))  # fmt: skip
+        self.journal.write(sub.key, "fault", attempt=None, message=why[:300])
+        log(f"NOT GRADED {sub.key} (a grader fault, not counted as an attempt): {why}")
 
     def _keep(self, sub: Submission, policy) -> tuple[Submission, dict] | None:
         """The student's chosen attempt when it is not the one just recorded (which
