@@ -101,6 +101,8 @@ class Visit:
     requested: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)  # "url: status or error"
     errors: list[str] = field(default_factory=list)  # uncaught JavaScript errors
+    # axe-core's WCAG 2.0/2.1 A and AA violations, when the visit asked for them
+    violations: list[dict] | None = None
 
 
 class Browser:
@@ -135,13 +137,21 @@ class Browser:
         return page, visit
 
     def visit(
-        self, url: str, script: str, screenshot: Path | None = None, dark=False
+        self,
+        url: str,
+        script: str,
+        screenshot: Path | None = None,
+        dark=False,
+        axe=False,
     ) -> Visit:
         """Open ``url``, evaluate ``script`` (an async function body returning JSON-able
-        data) once it has loaded, and report."""
+        data) once it has loaded, and report; with ``axe``, also axe-core's violations
+        on the same page (one load serves both)."""
         page, visit = self.open(url, dark)
         try:
             visit.value = page.evaluate(f"async () => {{ {script} }}")
+            if axe:
+                visit.violations = self._axe(page)
             if screenshot is not None:
                 screenshot.parent.mkdir(parents=True, exist_ok=True)
                 page.screenshot(path=str(screenshot), full_page=True)
@@ -153,15 +163,19 @@ class Browser:
         """axe-core's WCAG 2.0/2.1 A and AA violations on the page at ``url``."""
         page, _ = self.open(url, dark)
         try:
-            page.wait_for_function("() => !window.MathJax || MathJax.startup?.promise")
-            page.evaluate("async () => { await window.MathJax?.startup?.promise; }")
-            options = {
-                "runOnly": {"type": "tag", "values": WCAG_21_AA},
-                "rules": EXPERIMENTAL_RULES,
-            }
-            return Axe().run(page, options=options).response["violations"]
+            return self._axe(page)
         finally:
             page.context.close()
+
+    def _axe(self, page: Page) -> list[dict]:
+        """axe-core's violations on ``page``, once its math is typeset."""
+        page.wait_for_function("() => !window.MathJax || MathJax.startup?.promise")
+        page.evaluate("async () => { await window.MathJax?.startup?.promise; }")
+        options = {
+            "runOnly": {"type": "tag", "values": WCAG_21_AA},
+            "rules": EXPERIMENTAL_RULES,
+        }
+        return Axe().run(page, options=options).response["violations"]
 
     def close(self):
         self.browser.close()
