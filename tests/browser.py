@@ -150,8 +150,14 @@ class Browser:
         page, visit = self.open(url, dark)
         try:
             visit.value = page.evaluate(f"async () => {{ {script} }}")
-            if axe:
+            if (
+                axe
+            ):  # axe-core fetches the page's stylesheets itself: not the page's doing
+                page_did = [
+                    list(x) for x in (visit.requested, visit.failed, visit.errors)
+                ]
                 visit.violations = self._axe(page)
+                visit.requested, visit.failed, visit.errors = page_did
             if screenshot is not None:
                 screenshot.parent.mkdir(parents=True, exist_ok=True)
                 page.screenshot(path=str(screenshot), full_page=True)
