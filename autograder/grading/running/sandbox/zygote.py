@@ -746,11 +746,13 @@ def eager_compiles():
 def warm_up():
     """PyTorch sets up each operation's dispatch on its first call, a few milliseconds
     each: call the ones every chapter uses once here, so that no kernel pays for them.
-    The tensors are tiny, so no operation starts a thread pool (``fork`` needs this
-    process single-threaded)."""
+    The tensors are tiny, so no operation starts PyTorch's intra-op thread pool (whose
+    threads a forked kernel would not have). The global random state is put back as it
+    was: a kernel draws what it would have drawn without this."""
     import torch
     import torch.nn.functional as F
 
+    state = torch.get_rng_state()
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(2, 3, 4, generator=generator, requires_grad=True)
     layer = torch.nn.Linear(4, 4, bias=False)
@@ -761,7 +763,7 @@ def warm_up():
     out = F.dropout(out, 0.0) + F.gelu(out) + F.relu(out) + torch.exp(out).sqrt()
     out.sum().backward()
     torch.allclose(out, out.detach().clone())
-    torch.manual_seed(0)
+    torch.set_rng_state(state)
 
 
 def preload(guard=None):
