@@ -61,6 +61,15 @@ from autograder.grading.running.student_code import is_test_cell
 _SANDBOX = None
 _LOCK = threading.Lock()
 COURSE_ID = "attention-course"  # nbgrader_config.py's CourseDirectory.course_id
+
+
+def course_config(root: Path):
+    """The course's settings, ``root/nbgrader_config.py``, as nbgrader's apps read them."""
+    from traitlets.config.loader import PyFileConfigLoader
+
+    return PyFileConfigLoader("nbgrader_config.py", path=str(root)).load_config()
+
+
 _NEW_SUBMISSIONS: set[tuple[str, str]] = set()  # (assignment, student) this run created
 VERDICTS = "AUTOGRADER_VERDICTS"  # results graded beforehand, one JSON line per student
 # (assignment, student) -> the id of the result being recorded, for the completion mark

@@ -61,9 +61,10 @@ class Course:
 def late_step(root: Path):
     """nbgrader's ``AssignLatePenalties`` step, configured by the course's settings."""
     from nbgrader.preprocessors import AssignLatePenalties
-    from traitlets.config.loader import PyFileConfigLoader
 
-    config = PyFileConfigLoader("nbgrader_config.py", path=str(root)).load_config()
+    from autograder.grading.nbgrader_bridge import course_config
+
+    config = course_config(root)
     step = AssignLatePenalties(config=config)
     step.init_plugin()
     return step

@@ -36,11 +36,9 @@ RELOAD_SECONDS = 10.0  # the course's settings read again this often
 def exchange_of(root: Path, exchange: Path | None) -> tuple[Path, str]:
     """The exchange root (``exchange``, else the course config's ``Exchange.root``,
     else nbgrader's default) and the course id, as ``nbgrader submit`` uses them."""
-    from traitlets.config.loader import PyFileConfigLoader
+    from autograder.grading.nbgrader_bridge import COURSE_ID, course_config
 
-    from autograder.grading.nbgrader_bridge import COURSE_ID
-
-    config = PyFileConfigLoader("nbgrader_config.py", path=str(root)).load_config()
+    config = course_config(root)
     if exchange is None:
         exchange = Path(
             config.get("Exchange", {}).get("root", "/srv/nbgrader/exchange")

@@ -18,7 +18,6 @@ from pathlib import Path
 
 from traitlets import Dict
 from traitlets.config import Configurable
-from traitlets.config.loader import PyFileConfigLoader
 
 KEEP = ("last", "best")
 KEYS = {"attempts", "cooldown_minutes", "keep", "due"}
@@ -86,8 +85,9 @@ def load(root: Path) -> dict[str, Policy]:
     """The assignments graded on submit, from ``root/nbgrader_config.py``; an assignment
     the course does not grade is refused by name."""
     from autograder.grading.judging.spec import graded_chapters
+    from autograder.grading.nbgrader_bridge import course_config
 
-    config = PyFileConfigLoader("nbgrader_config.py", path=str(root)).load_config()
+    config = course_config(root)
     raw = GradeOnSubmit(config=config).assignments
     known = graded_chapters()
     found = {}
@@ -105,7 +105,9 @@ def check_owner(root: Path) -> bool:
     """Whether a submission must be owned by the login it names: yes, unless the course
     turns nbgrader's own check off (``c.CollectApp.check_owner = False``, for an
     exchange where owners cannot be told apart), as the course's collect does."""
-    config = PyFileConfigLoader("nbgrader_config.py", path=str(root)).load_config()
+    from autograder.grading.nbgrader_bridge import course_config
+
+    config = course_config(root)
     return bool(config.get("CollectApp", {}).get("check_owner", True))
 
 

@@ -630,11 +630,10 @@ def _enter_students(root: Path, students: list[str]) -> None:
     order where the gradebook has no names. Only where nbgrader would create them
     (``Autograde.create_student``, on by default)."""
     from nbgrader.api import Gradebook
-    from traitlets.config.loader import PyFileConfigLoader
 
-    from autograder.grading.nbgrader_bridge import COURSE_ID
+    from autograder.grading.nbgrader_bridge import COURSE_ID, course_config
 
-    config = PyFileConfigLoader("nbgrader_config.py", path=str(root)).load_config()
+    config = course_config(root)
     if not config.get("Autograde", {}).get("create_student", True):
         return
     with Gradebook(f"sqlite:///{root / 'gradebook.db'}", COURSE_ID) as gb:
