@@ -75,6 +75,18 @@ class _BookHandler(http.server.SimpleHTTPRequestHandler):
         pass
 
 
+def axe_violations(page: Page) -> list[dict]:
+    """axe-core's WCAG 2.0/2.1 A and AA violations on ``page``, once its math is
+    typeset."""
+    page.wait_for_function("() => !window.MathJax || MathJax.startup?.promise")
+    page.evaluate("async () => { await window.MathJax?.startup?.promise; }")
+    options = {
+        "runOnly": {"type": "tag", "values": WCAG_21_AA},
+        "rules": EXPERIMENTAL_RULES,
+    }
+    return Axe().run(page, options=options).response["violations"]
+
+
 class Site:
     """The built book served over HTTP on 127.0.0.1 under ``prefix``, from a thread."""
 
@@ -156,7 +168,7 @@ class Browser:
                 page_did = [
                     list(x) for x in (visit.requested, visit.failed, visit.errors)
                 ]
-                visit.violations = self._axe(page)
+                visit.violations = axe_violations(page)
                 visit.requested, visit.failed, visit.errors = page_did
             if screenshot is not None:
                 screenshot.parent.mkdir(parents=True, exist_ok=True)
@@ -169,19 +181,9 @@ class Browser:
         """axe-core's WCAG 2.0/2.1 A and AA violations on the page at ``url``."""
         page, _ = self.open(url, dark)
         try:
-            return self._axe(page)
+            return axe_violations(page)
         finally:
             page.context.close()
-
-    def _axe(self, page: Page) -> list[dict]:
-        """axe-core's violations on ``page``, once its math is typeset."""
-        page.wait_for_function("() => !window.MathJax || MathJax.startup?.promise")
-        page.evaluate("async () => { await window.MathJax?.startup?.promise; }")
-        options = {
-            "runOnly": {"type": "tag", "values": WCAG_21_AA},
-            "rules": EXPERIMENTAL_RULES,
-        }
-        return Axe().run(page, options=options).response["violations"]
 
     def close(self):
         self.browser.close()

@@ -8,17 +8,22 @@ Student A hands in right answers; B the unscaled-scores mistake in
 ``scaled_dot_product_attention`` and ``SelfAttention`` left untouched. The instructor
 grades A with formgrader's button, tries B's on a server where the jail cannot start
 (a seccomp filter refuses ``unshare``), and grades the class from a terminal in their
-JupyterLab. Runs as root (CI does), which may create users and start the hub; skipped
+JupyterLab. Then the instructor switches on grading on submit: the service the hub
+runs grades each submission, B reads his page, A uses up her two graded attempts and is
+told so, each page fetched in the Assignments tab; the instructor exports the grades for
+Canvas. Runs as root (CI does), which may create users and start the hub; skipped
 otherwise. configurable-http-proxy is installed from npm when missing (``tests/hub.py``).
 """
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import re
 import shlex
 import shutil
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -156,10 +161,10 @@ class Session:
         self.page.goto(f"{self.lab}/lab")
         self.page.wait_for_selector(".lm-MenuBar-itemLabel:text-is('File')")
         self.menu("File", "New", "Terminal")
-        self.page.wait_for_selector(
-            ".jp-Terminal .xterm-helper-textarea", state="attached"
-        )
-        self.page.click(".jp-Terminal")
+        # (the workspace may bring back an earlier terminal, in a hidden tab)
+        self.page.wait_for_selector(".jp-Terminal:visible .xterm-helper-textarea",
+                                    state="attached")  # fmt: skip
+        self.page.click(".jp-Terminal:visible")
         to_out, to_done = shlex.quote(str(out)), shlex.quote(str(done))
         self.page.keyboard.type(f"( {command} ) > {to_out} 2>&1; echo $? > {to_done}")
         self.page.keyboard.press("Enter")
@@ -365,7 +370,97 @@ def _walk(w: Walk, browser) -> Walk:
     w.seen["terminal"] = sessions["alice"].terminal(
         command, Users.home(alice) / "probe.status"
     )
+
+    # 9. Grading on submit (the guide's "Feedback on submit"): the instructor switches
+    # it on for the chapter in a terminal, two graded attempts, the best kept; the
+    # service the hub runs grades what is in the exchange (each student's submission
+    # above: their first attempt). B fetches his page; A hands in a mistaken notebook
+    # (her second attempt, the last graded), then once more (kept, not graded until the
+    # due date), fetching her page in the Assignments tab after each. The instructor
+    # then exports the grades for Canvas.
+    rules = {CHAPTER: {"attempts": 2, "keep": "best", "due": "2099-01-01 00:00:00"}}
+    config = w.course_root / "nbgrader_config.py"
+    line = shlex.quote(f"c.GradeOnSubmit.assignments = {rules!r}")
+    w.seen["switch on"] = teacher.terminal(
+        f"echo {line} >> {shlex.quote(str(config))}",
+        Users.home(w.instructor) / "switch-on.status",
+    )
+    _wait_for(lambda: f"grading on submit: {CHAPTER}" in hub.log_text(), "switch-on")
+    w.seen["bob attempt 1"] = _fetched_page(sessions["bob"], w.work("bob"), 1)
+    _answered(notebook["alice"], mistaken=[MISTAKEN])
+    for n, name in [(2, "alice attempt 2"), (3, "alice held")]:
+        s = sessions["alice"]
+        _lab(s)
+        _assignments_tab(s)
+        s.page.click("#fetched_assignments_list button:text-is('Submit')")
+        w.seen[name] = _fetched_page(s, w.work("alice"), n)
+    w.recorded["on submit"] = _gradebook(w)
+    w.seen["provenance"] = _provenance(w)
+    out = Users.home(w.instructor) / "canvas.csv"
+    w.seen["export"] = teacher.terminal(
+        f"cd ~/attention-course && {sys.executable} -m autograder export --lms canvas"
+        f" --assignment {CHAPTER} --out {shlex.quote(str(out))}",
+        Users.home(w.instructor) / "export.status",
+    )
+    w.seen["canvas"] = out.read_text() if out.exists() else ""
     return w
+
+
+def _provenance(walk: Walk) -> dict:
+    """Each student's kept attempt, as the gradebook's provenance table says."""
+    copy = walk.base / "provenance-copy.db"
+    shutil.copy(walk.course_root / "gradebook.db", copy)
+    with sqlite3.connect(copy) as db:
+        rows = db.execute("SELECT student, attempt FROM autograder_provenance")
+        return {student: json.loads(attempt or "null") for student, attempt in rows}
+
+
+def _wait_for(condition, what: str, seconds: float = SECONDS) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, f"{what}: not within {seconds} s"
+        time.sleep(0.5)
+
+
+def _lab(session: Session) -> None:
+    session.page.goto(f"{session.lab}/lab")
+    session.page.wait_for_selector(".lm-MenuBar-itemLabel:text-is('Nbgrader')")
+
+
+def _fetched_page(session: Session, work: Path, pages: int) -> dict:
+    """*Fetch Feedback* in the Assignments tab, again every 2 s until the student has
+    ``pages`` feedback pages (one per submission with a page) and the newest is one of
+    grading on submit (a page fetched before is fetched again over itself): that page
+    opened in the browser, what it showed, axe-core's violations on it, and the seconds
+    it took from the call (just after *Submit*)."""
+    from tests.browser import axe_violations
+
+    started = time.monotonic()
+    _lab(session)
+    _assignments_tab(session)
+    button = "#submitted_assignments_list button:text-is('Fetch Feedback')"
+
+    def fetched() -> list[Path]:
+        found = sorted((work / "feedback").glob(f"*/{CHAPTER}.html"))
+        on_submit = found and 'class="on-submit"' in found[-1].read_text()
+        return found if len(found) >= pages and on_submit else []
+
+    while not fetched():
+        assert time.monotonic() - started < SECONDS, f"{session.user}: no page {pages}"
+        session.page.click(button)
+        session.page.wait_for_timeout(2000)
+    seconds = time.monotonic() - started
+    newest = fetched()[-1]
+    session.page.goto(
+        f"{session.lab}/files/{newest.relative_to(Users.home(session.user))}"
+    )
+    banner = session.page.locator(".on-submit")
+    return {
+        "seconds": seconds,
+        "banner": banner.inner_text() if banner.count() else None,
+        "text": session.page.inner_text("body"),
+        "violations": [v["id"] for v in axe_violations(session.page)],
+    }
 
 
 @pytest.fixture(scope="module")
@@ -498,6 +593,56 @@ def test_feedback_shows_the_score_and_the_named_mistake_within_the_width(walk):
     for box in mistakes:
         assert _inside(box) and box["textRight"] <= box["width"], box
     assert not walk.seen["alice feedback"]["mistakes"]
+
+
+def test_grading_on_submit_in_the_assignments_tab(walk):
+    """Switched on by the instructor, the hub's service grades each student's
+    submission; each page, fetched with *Fetch Feedback* within 30 s of *Submit*, says
+    how many graded attempts are left; A's attempt beyond the two is kept with a page
+    that says so; the gradebook keeps A's best attempt, with its provenance; the pages
+    pass axe-core."""
+    status, output = walk.seen["switch on"]
+    assert status == 0, output
+    alice, bob = walk.students["alice"], walk.students["bob"]
+    first = walk.seen["bob attempt 1"]
+    assert "Attempt 1 (submitted" in first["banner"], first["banner"]
+    assert "1 graded attempt left of 2" in first["banner"]
+    assert "Score: 2.0 / 10.0" in first["text"]
+    second = walk.seen["alice attempt 2"]
+    assert "Attempt 2 (submitted" in second["banner"], second["banner"]
+    assert "0 graded attempts left of 2" in second["banner"]
+    assert "Score: 10.0 / 10.0" not in second["text"] and "unscaled" in second["text"]
+    held = walk.seen["alice held"]
+    assert "received and kept, not graded now" in held["banner"], held["banner"]
+    assert "you have used your 2 graded attempt(s)" in held["banner"]
+    for page in (first, second, held):
+        assert page["violations"] == [], page["violations"]
+    for page in (second, held):
+        assert page["seconds"] <= 30, page["seconds"]
+    assert walk.recorded["on submit"] == {
+        alice: _points(),  # her first attempt: the best
+        bob: _points([MISTAKEN, UNTOUCHED]),
+    }
+    kept = walk.seen["provenance"]
+    assert kept[alice]["number"] == 1 and kept[alice]["why"].startswith("keep=best")
+    assert kept[bob]["number"] == 1
+
+
+def test_the_instructor_exports_the_grades_for_canvas(walk):
+    status, output = walk.seen["export"]
+    assert status == 0, output
+    rows = list(csv.reader(walk.seen["canvas"].splitlines()))
+    assert rows[0] == [
+        "Student",
+        "ID",
+        "SIS User ID",
+        "SIS Login ID",
+        "Section",
+        CHAPTER,
+    ]
+    assert rows[1][0] == "Points Possible" and float(rows[1][-1]) == 10
+    scores = {row[3]: float(row[-1]) for row in rows[2:]}
+    assert scores == {walk.students["alice"]: 10, walk.students["bob"]: 2}
 
 
 def test_a_students_terminal_cannot_read_others_work(walk):
