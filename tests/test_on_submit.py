@@ -184,7 +184,7 @@ class Course:
         started = time.perf_counter()
         done = subprocess.run(
             [sys.executable, "-m", "autograder", "serve-submissions", "--once",
-             "--course-dir", str(self.root), "--jobs", "2", "--cell-timeout", "30"],
+             "--course-dir", str(self.root), "--jobs", "2", "--cell-timeout", "15"],
             capture_output=True, text=True, timeout=400,
             env={**os.environ, "PYTHONPATH": str(paths.REPO)},
         )  # fmt: skip
@@ -223,7 +223,7 @@ def _score(root, student):
 @pytest.fixture(scope="module")
 def course(tmp_path_factory):
     """Submitted while the service was down, then served: dee's, a cell that never
-    ends (the service's cell time limit: 30 s); ben's one; ann's 1st attempt right, her
+    ends (the service's cell time limit: 15 s); ben's one; ann's 1st attempt right, her
     2nd and 3rd wrong, her 4th (right) beyond the limit; one of ben's in cal's name.
     Then the due date passes, ben submits again and the service is killed mid-grade
     (its journal says "started"); it comes back and grades what is left."""
@@ -295,7 +295,7 @@ def test_a_students_attempts_are_graded_in_order_each_once(course):
 
 @needs_root
 def test_a_notebook_that_never_ends_holds_up_no_one_else(course):
-    """dee's notebook came first and holds a worker for its whole time limit (30 s):
+    """dee's notebook came first and holds a worker for its whole time limit (15 s):
     ben's, which came next, is graded on the other worker and his feedback written
     before dee's notebook is even graded; dee's page comes once it is."""
     journal = course.journal()
