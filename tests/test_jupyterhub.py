@@ -77,12 +77,21 @@ class Walk(CourseOnMachine):
     recorded: dict[str, dict] = field(default_factory=dict)  # the gradebook, by stage
 
 
-def _gradebook(walk: Walk) -> dict:
-    """Each student's recorded score, None for no submission (read from a copy)."""
-    copy = walk.base / "gradebook-copy.db"
+def _gradebook_copy(walk: Walk) -> Path | None:
+    """The course's gradebook copied as it is now (None before there is one): read
+    from the copy, never from the file the instructor's tools write."""
     if not (walk.course_root / "gradebook.db").exists():
-        return {}
+        return None
+    copy = walk.base / "gradebook-copy.db"
     shutil.copy(walk.course_root / "gradebook.db", copy)
+    return copy
+
+
+def _gradebook(walk: Walk) -> dict:
+    """Each student's recorded score, None for no submission."""
+    copy = _gradebook_copy(walk)
+    if copy is None:
+        return {}
     recorded = {}
     with Gradebook(f"sqlite:///{copy}", COURSE) as gb:
         for login in walk.students.values():
@@ -118,6 +127,11 @@ class Session:
 
     def _started(self):
         self.page.wait_for_url(f"**/user/{self.user}/lab**")
+        self.page.wait_for_selector(".lm-MenuBar-itemLabel:text-is('Nbgrader')")
+
+    def open_lab(self):
+        """JupyterLab's page, loaded with its menus (the nbgrader extension's last)."""
+        self.page.goto(f"{self.lab}/lab")
         self.page.wait_for_selector(".lm-MenuBar-itemLabel:text-is('Nbgrader')")
 
     def start(self):
@@ -158,8 +172,7 @@ class Session:
         and exit status written to ``done`` (``done.out``): read back as root once it
         is there."""
         out = done.with_suffix(".out")
-        self.page.goto(f"{self.lab}/lab")
-        self.page.wait_for_selector(".lm-MenuBar-itemLabel:text-is('File')")
+        self.open_lab()
         self.menu("File", "New", "Terminal")
         # (the workspace may bring back an earlier terminal, in a hidden tab)
         self.page.wait_for_selector(".jp-Terminal:visible .xterm-helper-textarea",
@@ -390,7 +403,7 @@ def _walk(w: Walk, browser) -> Walk:
     _answered(notebook["alice"], mistaken=[MISTAKEN])
     for n, name in [(2, "alice attempt 2"), (3, "alice held")]:
         s = sessions["alice"]
-        _lab(s)
+        s.open_lab()
         _assignments_tab(s)
         s.page.click("#fetched_assignments_list button:text-is('Submit')")
         w.seen[name] = _fetched_page(s, w.work("alice"), n)
@@ -408,9 +421,7 @@ def _walk(w: Walk, browser) -> Walk:
 
 def _provenance(walk: Walk) -> dict:
     """Each student's kept attempt, as the gradebook's provenance table says."""
-    copy = walk.base / "provenance-copy.db"
-    shutil.copy(walk.course_root / "gradebook.db", copy)
-    with sqlite3.connect(copy) as db:
+    with sqlite3.connect(_gradebook_copy(walk)) as db:
         rows = db.execute("SELECT student, attempt FROM autograder_provenance")
         return {student: json.loads(attempt or "null") for student, attempt in rows}
 
@@ -422,11 +433,6 @@ def _wait_for(condition, what: str, seconds: float = SECONDS) -> None:
         time.sleep(0.5)
 
 
-def _lab(session: Session) -> None:
-    session.page.goto(f"{session.lab}/lab")
-    session.page.wait_for_selector(".lm-MenuBar-itemLabel:text-is('Nbgrader')")
-
-
 def _fetched_page(session: Session, work: Path, pages: int) -> dict:
     """*Fetch Feedback* in the Assignments tab, again every 2 s until the student has
     ``pages`` feedback pages (one per submission with a page) and the newest is one of
@@ -436,7 +442,7 @@ def _fetched_page(session: Session, work: Path, pages: int) -> dict:
     from tests.browser import axe_violations
 
     started = time.monotonic()
-    _lab(session)
+    session.open_lab()
     _assignments_tab(session)
     button = "#submitted_assignments_list button:text-is('Fetch Feedback')"
 
