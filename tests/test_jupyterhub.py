@@ -130,8 +130,10 @@ class Session:
         self.page.wait_for_selector(".lm-MenuBar-itemLabel:text-is('Nbgrader')")
 
     def open_lab(self):
-        """JupyterLab's page, loaded with its menus (the nbgrader extension's last)."""
-        self.page.goto(f"{self.lab}/lab")
+        """JupyterLab's page with no tabs brought back from earlier visits (``?reset``:
+        an earlier terminal would be a second one), loaded with its menus (the nbgrader
+        extension's last)."""
+        self.page.goto(f"{self.lab}/lab?reset")
         self.page.wait_for_selector(".lm-MenuBar-itemLabel:text-is('Nbgrader')")
 
     def start(self):
@@ -174,10 +176,10 @@ class Session:
         out = done.with_suffix(".out")
         self.open_lab()
         self.menu("File", "New", "Terminal")
-        # (the workspace may bring back an earlier terminal, in a hidden tab)
-        self.page.wait_for_selector(".jp-Terminal:visible .xterm-helper-textarea",
-                                    state="attached")  # fmt: skip
-        self.page.click(".jp-Terminal:visible")
+        self.page.wait_for_selector(
+            ".jp-Terminal .xterm-helper-textarea", state="attached"
+        )
+        self.page.click(".jp-Terminal")
         to_out, to_done = shlex.quote(str(out)), shlex.quote(str(done))
         self.page.keyboard.type(f"( {command} ) > {to_out} 2>&1; echo $? > {to_done}")
         self.page.keyboard.press("Enter")
