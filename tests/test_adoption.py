@@ -243,6 +243,29 @@ def test_the_digest_covers_tests_references_mistakes_and_tolerances_only():
     )
 
 
+def test_the_digest_follows_every_edit_though_it_is_computed_once(tmp_path):
+    """A class run takes the digest from a cache: an edit to any file in it, or a new
+    import, still changes it at once."""
+    for rel in digest_files("03_self_attention"):
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(REPO / rel, tmp_path / rel)
+    first = assignment_digest("03_self_attention", tmp_path)
+    assert first == assignment_digest("03_self_attention", REPO)
+    tolerances = tmp_path / "autograder/grading/judging/tolerances.py"
+    tolerances.write_text(tolerances.read_text() + "# edited\n")
+    edited = assignment_digest("03_self_attention", tmp_path)
+    assert edited != first
+    reference = tmp_path / "solutions/self_attention.py"
+    extra = tmp_path / "solutions/extra.py"
+    extra.write_text("X = 1\n")
+    reference.write_text("import solutions.extra\n" + reference.read_text())
+    assert "solutions/extra.py" in digest_files("03_self_attention", tmp_path)
+    imported = assignment_digest("03_self_attention", tmp_path)
+    assert imported not in (first, edited)
+    extra.write_text("X = 2\n")  # a file the new import brought in counts too
+    assert assignment_digest("03_self_attention", tmp_path) != imported
+
+
 def test_release_and_check_print_the_version_and_digests(monkeypatch, capsys):
     from autograder.__main__ import main
     from autograder.grading.running import sandbox

@@ -16,6 +16,7 @@ def _installed(monkeypatch):
     monkeypatch.setattr(api.Gradebook, "__init__", api.Gradebook.__init__)
     monkeypatch.setattr(api.Gradebook, "close", api.Gradebook.close)
     monkeypatch.setattr(gradebook_once, "_ENGINES", {})
+    monkeypatch.setattr(gradebook_once, "_CHECKED", set())
     gradebook_once.install()
 
 
@@ -31,6 +32,11 @@ def test_opens_share_an_engine_and_write_what_nbgrader_would(tmp_path, monkeypat
         second.add_student("s2")
     with api.Gradebook(url, "other-course") as third:  # its course checked, as before
         assert third.course_id == "other-course"
+    checks = []
+    monkeypatch.setattr(api.Gradebook, "check_course", lambda s, **k: checks.append(k))
+    with api.Gradebook(url, "course"), api.Gradebook(url, "third-course"):
+        pass
+    assert checks == [{"course_id": "third-course"}]  # each course once a process
     other = f"sqlite:///{tmp_path / 'other.db'}"
     with api.Gradebook(other, "course") as elsewhere:
         assert elsewhere.engine is not first.engine
@@ -41,7 +47,7 @@ def test_opens_share_an_engine_and_write_what_nbgrader_would(tmp_path, monkeypat
         ]
         assert db.execute("SELECT count(*) FROM alembic_version").fetchone() == (1,)
         courses = {r[0] for r in db.execute("SELECT id FROM course")}
-        assert courses == {"course", "other-course"}
+        assert courses == {"course", "other-course"}  # the third's check was stubbed
 
 
 def test_without_it_each_open_has_its_own_engine(tmp_path):

@@ -139,6 +139,11 @@ c.Autograde.autograde_preprocessors = [
 # A student's Validate (nbgrader validate) runs every cell: the visible checks decide.
 configure_validate(c)
 
+# nbconvert checks the notebook against its schema after each of nbgrader's preprocessors
+# (15 a submission, autograde and feedback together); once, after the last, refuses the
+# same notebooks, and takes about a tenth off recording a class.
+c.Exporter.optimistic_validation = True
+
 # Feedback shows each test's message, not the hidden test code, and runs nothing the
 # student wrote: markdown, raw cells and outputs are sanitised (safe_feedback.py).
 c.GenerateFeedback.exporter_class = FeedbackExporter

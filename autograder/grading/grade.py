@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import copy
+import functools
 import secrets
 import sys
 import threading
@@ -43,18 +44,24 @@ from autograder.grading.running.student_code import (
 )
 
 
+@functools.lru_cache(maxsize=4096)
+def _top_level_definitions(source: str) -> frozenset[str]:
+    """The functions and classes a cell defines at its top level. Cached: the course's
+    own cells are the same in every notebook of a class."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return frozenset()
+    return frozenset(
+        n.name for n in tree.body if isinstance(n, ast.FunctionDef | ast.ClassDef)
+    )
+
+
 def _defined_names(nb) -> set[str]:
     names = set()
     for cell in nb.cells:
-        if cell.get("cell_type") != "code":
-            continue
-        try:
-            tree = ast.parse(cell.source)
-        except SyntaxError:
-            continue
-        names |= {
-            n.name for n in tree.body if isinstance(n, ast.FunctionDef | ast.ClassDef)
-        }
+        if cell.get("cell_type") == "code":
+            names |= _top_level_definitions(cell.source)
     return names
 
 

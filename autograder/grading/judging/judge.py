@@ -352,9 +352,12 @@ def _recognise_mistake(
     # the reference's namespace, for the notebook functions a plan passes as arguments
     reference = vars(tests.reference())
     for mistake in tests.mistakes_for(test.exercise):
-        wrong = probe.run_test(
-            {**reference, test.exercise: mistake.impl}, prepared.plain_plan()
-        )
+        wrong = prepared.mistake_outcomes.get((mistake.name, mistake.impl))
+        if wrong is None:  # the same for every notebook of the batch: run once
+            wrong = probe.run_test(
+                {**reference, test.exercise: mistake.impl}, prepared.plain_plan()
+            )
+            prepared.mistake_outcomes[(mistake.name, mistake.impl)] = wrong
         telling = [
             i
             for i, w in enumerate(wrong)

@@ -20,6 +20,15 @@ from autograder.grading.sealed.guard import ATTENTION_FEATURES
 from autograder.grading.sealed.probe import CallPlan, Outcome, TestPlan
 
 
+class SharedCache(dict):
+    """A cache that every copy of a prepared test shares: each notebook of a batch
+    gets its own deep copy of the tests (``grade.Batch``), and what a known mistake
+    outputs on the batch's inputs is the same for all of them."""
+
+    def __deepcopy__(self, memo):
+        return self
+
+
 @dataclass
 class PreparedTest:
     test: HiddenTest
@@ -34,6 +43,8 @@ class PreparedTest:
     # (``upstream.py``): {"functions": [...], "modules": [...]}, or None: no second run
     stand_ins: dict | None = None
     reference_module: str = ""  # what answers the stand-ins (``solutions.<module>``)
+    # each known mistake's outcomes on these cases, by its name and function (``judge``)
+    mistake_outcomes: SharedCache = field(default_factory=SharedCache)
 
     @property
     def test_plan(self) -> TestPlan:
