@@ -190,7 +190,7 @@ class _ClassRun:
     def __init__(self, args, root, shard):
         self.args, self.root, self.shard = args, root, shard
         self.journal, self.kept, self.notebooks, self.results = None, {}, {}, None
-        self.pages = []
+        self.pages, self.ahead = [], None
 
     def run(self) -> int:
         from autograder.grading.recording import autograde as ag
@@ -234,16 +234,31 @@ class _ClassRun:
         )
         self.journal.start(carried)
         started, timings = time.perf_counter(), {}
+        ahead = None
+        if shard is None:  # recorded while graded, in the time the grading leaves idle
+            ahead = self.ahead = ag.RecordingAhead(
+                root, args.assignment, [*self.notebooks, *self.kept], args.feedback,
+                entering,
+            )  # fmt: skip
+            for result in self.kept.values():
+                ahead.add(result)
         try:
             graded_now = ag.grade_class(
                 self.notebooks, args.assignment, args.jobs, args.seed, limits,
                 timings=timings, journal=self.journal,
+                on_graded=ahead.add if ahead else None,
             )  # fmt: skip
         except SandboxUnavailable as exc:
             print(f"{exc}", file=sys.stderr)
             if entering is not None:
                 entering.result()
+            if ahead is not None:
+                ahead.close()
             return 3
+        except BaseException:
+            if ahead is not None:
+                ahead.stop()
+            raise
         finally:
             self.journal.close()
         results = self.results = list(self.kept.values()) + graded_now
@@ -266,12 +281,13 @@ class _ClassRun:
                     "(nbgrader's log above says why): nothing recorded",
                     file=sys.stderr,
                 )
+                ahead.close()
                 return 1
-            previous = ag.previous_provenance(root, args.assignment)
-            status = ag.record(
-                root, args.assignment, results, True, args.jobs, args.feedback,
-                timings, pages=self.pages,
-            )  # fmt: skip
+            try:
+                previous, status = self._record_the_rest(ahead, results, timings)
+            except BaseException:  # a stop: the worker recording ahead ends too
+                ahead.stop()
+                raise
             self.journal.discard()  # completed: every verdict is in the gradebook
             scores = ag.recorded_scores(root, args.assignment)
         recorded = time.perf_counter()
@@ -282,6 +298,39 @@ class _ClassRun:
         if status:
             return 1
         return 4 if any(not r["graded"] for r in results) else 0
+
+    def _record_the_rest(self, ahead, results: list[dict], timings: dict):
+        """Once the recording beside the grading (``ahead``) has ended, every student it
+        did not record, on every worker; the gradebook's grades from before this run,
+        and the largest exit status of nbgrader's."""
+        from autograder.grading.recording import autograde as ag
+
+        args = self.args
+        taking = ahead.finish()
+        previous = ahead.previous  # read before it recorded anyone
+        if previous is None:  # it recorded no one
+            ahead.close()
+            previous = ag.previous_provenance(self.root, args.assignment)
+        left = [r for r in results if r["student"] not in ahead.recorded | taking]
+        status = ag.record(  # beside the recording it has under way
+            self.root, args.assignment, left, True, args.jobs, args.feedback,
+            timings, pages=self.pages,
+        )  # fmt: skip
+        ahead.close()
+        again = [r for r in results if r["student"] in taking - ahead.recorded]
+        if again:  # its worker was killed: nbgrader records them again (--force)
+            status = max(status, ag.record(
+                self.root, args.assignment, again, True, args.jobs, args.feedback,
+                timings,
+            ))  # fmt: skip
+        ahead.tidy()
+        for name in ("autograde", "generate_feedback"):
+            if name in ahead.timings:
+                timings[name] = timings.get(name, 0.0) + ahead.timings[name]
+        if ahead.recorded:
+            timings["ahead"] = len(ahead.recorded)
+            timings.setdefault("workers", 1)
+        return previous, max(status, ahead.status)
 
     def _results_path(self):
         args, shard = self.args, self.shard

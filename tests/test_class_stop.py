@@ -9,6 +9,7 @@ notebook, feedback page and ``nbgrader export`` is the clean run's, each recorde
 
 import json
 import os
+import re
 import signal
 import sqlite3
 import subprocess
@@ -20,6 +21,7 @@ import pytest
 
 from autograder import paths
 from autograder.grading.recording import completion
+from autograder.grading.recording.autograde import RECORD_AHEAD_AT_VARIABLE
 from autograder.grading.recording.stop_points import STOP_AT
 from tests.notebooks import (
     class_course,
@@ -42,12 +44,16 @@ SCORES = {"alice": 10, "bob": 0, "carol": 4, "dave": 10}  # carol: charged once
 TIMESTAMPS = dict.fromkeys(SUBMISSIONS, "2026-01-14 10:00:00.000000 UTC")
 
 
-def _start(*args, stop_at=None):
+def _start(*args, stop_at=None, ahead_at=None):
     """``python -m autograder ARGS...`` in a process group of its own (a terminal's
-    job, a scheduler's job step)."""
+    job, a scheduler's job step); ``ahead_at``: recording beside the grading starts
+    once that many are graded (``autograde.RecordingAhead``; by default a class this
+    small is recorded after the grading)."""
     env = {**os.environ, "PYTHONPATH": str(paths.REPO)}
     if stop_at:
         env[STOP_AT] = stop_at
+    if ahead_at:
+        env[RECORD_AHEAD_AT_VARIABLE] = str(ahead_at)
     return subprocess.Popen(
         [sys.executable, "-m", "autograder", *map(str, args)],
         cwd=paths.REPO, env=env, text=True, start_new_session=True,
@@ -236,6 +242,28 @@ def test_a_class_run_stopped_at_every_moment_ends_with_every_grade_once(
     # once complete, a run finds nothing to do
     _, err = _end(_start(*_autograde(root, "--jobs", 2)), 0)
     assert f"{len(SUBMISSIONS)} already recorded, 0 to grade" in err
+
+
+def test_recorded_beside_the_grading_as_after_it_and_stopped_there(clean, tmp_path):
+    """Recording beside the grading ends as the clean run, which recorded after it;
+    stopped while it records, the rerun goes on from there."""
+    root = class_course(tmp_path / "ahead" / "course", CHAPTER, SUBMISSIONS, TIMESTAMPS)
+    out, err = _end(_start(*_autograde(root, "--jobs", 2), ahead_at=1), 0)
+    assert re.search(r"; [1-4] of them recorded beside the grading", out), out
+    assert "SAWarning" not in err
+    _assert_as_clean(root, clean)
+
+    root = class_course(tmp_path / "stop" / "course", CHAPTER, SUBMISSIONS, TIMESTAMPS)
+    run = _start(*_autograde(root, "--jobs", 1), ahead_at=1)
+    gradebook = root / "gradebook.db"
+    _when(lambda: run.poll() is not None or completion.read(gradebook, CHAPTER), run)
+    if run.poll() is None:  # else it finished first: nothing to test here
+        print("SIGINT while recording beside the grading")
+        os.killpg(run.pid, signal.SIGINT)
+        _, err = _end(run, 130)
+        assert "stopped by SIGINT" in err, err[-3000:]
+    _end(_start(*_autograde(root, "--jobs", 2)), 0)
+    _assert_as_clean(root, clean)
 
 
 def test_a_stopped_shard_and_a_stopped_merge_go_on(clean, tmp_path):

@@ -13,6 +13,10 @@ notebook again. A submission whose restored cells differ from the ones graded (a
 edited a locked cell) is graded there, as serial nbgrader would. A submission the grader
 could not grade (a grader fault) is left out of the gradebook and listed.
 
+The two steps overlap: while the class is graded, one recording worker at a lower CPU
+priority records the students graded so far, in the time the grading leaves idle
+(:class:`RecordingAhead`); once the grading ends, the rest are recorded on every worker.
+
 With ``--shard K/N`` only the first step runs, on the students whose shard is K; each
 shard writes its own file and ``python -m autograder merge ASSIGNMENT FILE...`` records
 them all into one gradebook.
@@ -211,11 +215,13 @@ def grade_class(
     progress: bool = True,
     timings: dict | None = None,
     journal: Journal | None = None,
+    on_graded=None,
 ) -> list[dict]:
     """Grade every student's notebook in one warm sandbox; each result also names the
     student, the fingerprint of the cells it graded (``key``), the submitted file's
     sha256 and an id of its own (``result_id``), and goes to ``journal`` as soon as it is
-    made. ``timings`` gets the seconds the grader took to start (``grade_many``)."""
+    made, then to ``on_graded`` (:class:`RecordingAhead`). ``timings`` gets the seconds
+    the grader took to start (``grade_many``)."""
     from tqdm import tqdm
 
     from autograder.grading.grade import grade_many
@@ -259,6 +265,8 @@ def grade_class(
                 journal.append(result)
                 if STOP_AT in os.environ:  # tests only (stop_points.py)
                     stop_point("graded", str(journal.written))
+            if on_graded is not None:
+                on_graded(result)
         for kind, counts in _kinds(result).items():
             so_far[kind] += counts
         bar.update()
@@ -496,6 +504,7 @@ class Entering:
 
     def __init__(self, root: Path, assignment: str):
         self._log = tempfile.TemporaryFile("w+")
+        self._lock = threading.Lock()
         self._process = subprocess.Popen(
             [sys.executable, "-m", "autograder.grading.recording.autograde", assignment],
             cwd=root, env=env_with_repo_on_path(), text=True,
@@ -504,12 +513,13 @@ class Entering:
         )  # fmt: skip
 
     def result(self) -> int:
-        status = self._process.wait()
-        if status:
-            self._log.seek(0)
-            print(self._log.read(), file=sys.stderr, end="")
-        self._log.close()
-        return status
+        with self._lock:  # asked by the run and by RecordingAhead: its log shown once
+            status = self._process.wait()
+            if status and not self._log.closed:
+                self._log.seek(0)
+                print(self._log.read(), file=sys.stderr, end="")
+            self._log.close()
+            return status
 
 
 def record(
@@ -521,6 +531,8 @@ def record(
     feedback: bool = False,
     timings: dict | None = None,
     pages: list[str] = (),
+    nice: int = 0,
+    running: list | None = None,
 ) -> int:
     """Run ``nbgrader autograde`` over the graded students only, taking their verdicts
     from ``results``, on ``jobs`` workers at once (each a process of its own over a part
@@ -528,7 +540,8 @@ def record(
     ``nbgrader generate_feedback --force`` over its part, and over its share of
     ``pages`` (students recorded whose page a stop left unwritten). Returns the largest
     exit status; ``timings`` (if given) gets each step's seconds summed over the workers
-    and the workers' wall time."""
+    and the workers' wall time. ``nice`` lowers the workers' CPU priority; ``running``
+    (if given) gets each worker's process as it starts, for a stop to end it."""
     from autograder.grading.recording.completion import ensure
 
     _record_attempts_without_grade(root, assignment, results)
@@ -582,12 +595,15 @@ def record(
                         "autograder.grading.recording.nbgrader_steps",
                         "--timings",
                         str(Path(tmp) / f"timings-{k}.json"),
+                        *(["--nice", str(nice)] if nice else []),
                         *args,
                     ],
                     cwd=root,
                     env={**env_with_repo_on_path(), VERDICTS: str(verdicts)},
                 )  # fmt: skip
             )
+            if running is not None:
+                running.append(processes[-1])
         try:
             status = max(process.wait() for process in processes)
         except KeyboardInterrupt:  # a stop: each worker ends after its clean-up
@@ -607,6 +623,132 @@ def record(
     return status
 
 
+# Recording starts beside the grading once this many students, next in id order, are
+# graded: each run of them costs a worker's start (about 1.5 s of CPU).
+RECORD_AHEAD_AT = 60
+RECORD_AHEAD_NICE = 10
+RECORD_AHEAD_AT_VARIABLE = "AUTOGRADER_RECORD_AHEAD_AT"  # tests only: a smaller run
+
+
+class RecordingAhead:
+    """Records a class while it is still being graded, in the time the grading leaves
+    idle: a kernel waits on its own start and end, on the jail and on the hidden tests'
+    hand-over, and a core stands idle while a slow notebook sleeps. One recording worker
+    at a time (:func:`record`, one process, at a lower CPU priority) takes the students
+    graded since it last took some, once there are ``at`` of them; what is left when the
+    grading ends is recorded as before, on every worker.
+
+    It starts once the assignment is in the gradebook (``entering``). Before its first
+    recording it reads each student's previous grade (:attr:`previous`, for the
+    summary) and enters every student of the run in id order, the order one recording
+    would enter them in (:func:`_enter_students`); :meth:`tidy` removes again those it
+    created whose submission was never recorded (a grader fault)."""
+
+    def __init__(
+        self, root: Path, assignment: str, students: list[str], feedback: bool,
+        entering: Entering, at: int | None = None,
+    ):  # fmt: skip
+        self.root, self.assignment, self.feedback = root, assignment, feedback
+        self.order = sorted(students)
+        if at is None:
+            at = int(os.environ.get(RECORD_AHEAD_AT_VARIABLE, RECORD_AHEAD_AT))
+        self.at, self.entering = max(1, at), entering
+        self.results: dict[str, dict] = {}  # graded, not yet taken
+        self.recorded: set[str] = set()  # handed to a recording worker that ended
+        self.previous: dict[str, dict] | None = None
+        self.status, self.timings, self.running = 0, {}, []
+        self.entered: list[str] = []  # students it created in the gradebook
+        self.taking: set[str] = set()  # handed to the recording worker running now
+        self.begun = threading.Event()  # :attr:`previous` read, the students entered
+        self._lock, self._wake = threading.Lock(), threading.Event()
+        self._closing = False
+        self._thread = threading.Thread(target=self._work, daemon=True)
+        self._thread.start()
+
+    def add(self, result: dict) -> None:
+        """A result just graded (or kept from a stopped run)."""
+        with self._lock:
+            self.results[result["student"]] = result
+        self._wake.set()
+
+    def _take(self) -> list[dict]:
+        """The students graded and not yet taken, if there are ``at`` of them."""
+        with self._lock:
+            if self._closing or len(self.results) < self.at:
+                return []
+            taken, self.results = list(self.results.values()), {}
+            self.taking = {r["student"] for r in taken}
+            return taken
+
+    def _work(self) -> None:
+        if self.entering.result() != 0:  # the run says so, and records nothing
+            return
+        while True:
+            self._wake.wait()
+            self._wake.clear()
+            if self._closing:
+                return
+            taken = self._take()
+            if not taken:
+                continue
+            try:
+                if self.previous is None:
+                    self.previous = previous_provenance(self.root, self.assignment)
+                    self.entered = _enter_students(self.root, self.order)
+            finally:
+                self.begun.set()
+            try:
+                status = record(
+                    self.root, self.assignment, taken, True, 1, self.feedback,
+                    self.timings, nice=RECORD_AHEAD_NICE, running=self.running,
+                )  # fmt: skip
+            except Exception as exc:  # noqa: BLE001 (they are recorded after the grading)
+                print(
+                    f"[autograder] recording beside the grading failed ({exc!r:.200}): "
+                    "its students are recorded once the grading ends",
+                    file=sys.stderr,
+                )
+                return
+            if status >= 128:  # stopped or killed: the run stops, or records them again
+                return
+            self.status = max(self.status, status)
+            with self._lock:
+                self.recorded |= self.taking
+                self.taking = set()
+            if self._closing:
+                return
+            self._wake.set()  # more may be ready already
+
+    def finish(self) -> set[str]:
+        """Take no more; the students of the recording under way, if any (the run
+        records the others beside it, once :attr:`previous` is read)."""
+        with self._lock:
+            self._closing = True
+            taking = set(self.taking)
+        self._wake.set()
+        if taking:
+            self.begun.wait()
+        return taking
+
+    def close(self) -> None:
+        """Take no more; wait for the recording under way."""
+        self.finish()
+        self._thread.join()
+
+    def tidy(self) -> None:
+        """Once every student is recorded: no student entered here without a grade."""
+        if self.entered:
+            _remove_unrecorded(self.root, self.entered)
+
+    def stop(self) -> None:
+        """A stop: the recording worker ends after nbgrader's clean-up (the student
+        it was recording is recorded again on the next run)."""
+        self._closing = True
+        self._wake.set()
+        _stop_workers(self.running)
+        self._thread.join(timeout=90)
+
+
 def _stop_workers(processes: list[subprocess.Popen], grace: float = 60.0) -> None:
     """SIGTERM to each recording worker still running (after Ctrl-C they have had
     SIGINT already, and ignore a second signal), then wait; SIGKILL past ``grace``."""
@@ -622,23 +764,39 @@ def _stop_workers(processes: list[subprocess.Popen], grace: float = 60.0) -> Non
             process.wait()
 
 
-def _enter_students(root: Path, students: list[str]) -> None:
+def _enter_students(root: Path, students: list[str]) -> list[str]:
     """Enter the students in the gradebook in the order serial ``nbgrader autograde``
     enters them (by id), as it does (``update_or_create_student`` with nothing more),
     before the workers run: else they enter them in the order they happen to finish,
     and lists ordered by name (``nbgrader export``'s rows, for one) come out in another
     order where the gradebook has no names. Only where nbgrader would create them
-    (``Autograde.create_student``, on by default)."""
+    (``Autograde.create_student``, on by default). Returns those it created."""
     from nbgrader.api import Gradebook
 
     from autograder.grading.nbgrader_bridge import COURSE_ID, course_config
 
     config = course_config(root)
     if not config.get("Autograde", {}).get("create_student", True):
-        return
+        return []
     with Gradebook(f"sqlite:///{root / 'gradebook.db'}", COURSE_ID) as gb:
+        there = {s.id for s in gb.students}
         for student in students:
             gb.update_or_create_student(student)
+    return [s for s in students if s not in there]
+
+
+def _remove_unrecorded(root: Path, students: list[str]) -> None:
+    """Students entered ahead of their recording (:class:`RecordingAhead`) who have no
+    submission in the gradebook after all (the grader could not grade theirs): gone
+    again, so that no export shows them with 0 points."""
+    from nbgrader.api import Gradebook
+
+    from autograder.grading.nbgrader_bridge import COURSE_ID
+
+    with Gradebook(f"sqlite:///{root / 'gradebook.db'}", COURSE_ID) as gb:
+        for student in students:
+            if not gb.find_student(student).submissions:
+                gb.remove_student(student)
 
 
 def _record_attempts_without_grade(
@@ -746,6 +904,8 @@ def time_line(grading: float, recording: float, timings: dict, results: list) ->
             if name in timings
         ]
         line += f" on {timings['workers']} worker(s) ({', '.join(steps)}, summed)"
+    if timings.get("ahead"):
+        line += f"; {timings['ahead']} of them recorded beside the grading"
     return line
 
 

@@ -1,7 +1,7 @@
 """nbgrader's own commands, one after another in one process, each exactly as ``nbgrader
 CMD ...`` runs it::
 
-    python -m autograder.grading.recording.nbgrader_steps [--timings FILE] CMD ARGS... [--then CMD ARGS...]
+    python -m autograder.grading.recording.nbgrader_steps [--timings FILE] [--nice N] CMD ARGS... [--then CMD ARGS...]
 
 Run in the course root (nbgrader reads its ``nbgrader_config.py`` there). ``python -m
 autograder autograde`` starts one per worker: ``autograde`` over the worker's part of the
@@ -12,7 +12,8 @@ test suite runs it in one process (``NbGraderApp.initialize``, ``start``, ``rese
 A later command still runs after one that exits 1 (nbgrader's status when one notebook of
 many could not be read: the others were recorded); none runs after status 3 (the jail
 cannot start: nothing was recorded). Exits with the largest status. ``--timings`` writes
-each command's seconds there (JSON) for the command's summary.
+each command's seconds there (JSON) for the command's summary; ``--nice`` lowers the
+worker's CPU priority by N (``RecordingAhead``).
 """
 
 from __future__ import annotations
@@ -113,6 +114,9 @@ def main(argv: list[str]) -> int:
     timings_file = None
     if argv[:1] == ["--timings"]:
         timings_file, argv = argv[1], argv[2:]
+    if argv[:1] == ["--nice"]:  # recording beside the grading: its idle time only
+        os.nice(int(argv[1]))
+        argv = argv[2:]
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, _stop_once)
     if os.environ.get(STOP_AT):
