@@ -383,8 +383,9 @@ def report(args, students, sample, ways, small) -> None:
     j2, j1 = (totals[k] for k in list(totals)[:2])
     grading = [ways[k]["times"]["grading"] for k in list(ways)[:2]]
     print(
-        f"--jobs 2 is {j1 / j2:.2f}x --jobs 1 (with --jobs 1 the recording beside the "
-        f"grading has the other core to itself); the grading alone {grading[1] / grading[0]:.2f}x"
+        f"--jobs 2 is {j1 / j2:.2f}x --jobs 1 (with --jobs 1, a class of 60 or more is "
+        "recorded beside the grading on the other core); the grading alone "
+        f"{grading[1] / grading[0]:.2f}x"
     )
     per_sub = j2 / n
     how = "took" if n == 500 else "takes about"
