@@ -190,7 +190,7 @@ class _ClassRun:
     def __init__(self, args, root, shard):
         self.args, self.root, self.shard = args, root, shard
         self.journal, self.kept, self.notebooks, self.results = None, {}, {}, None
-        self.pages, self.ahead = [], None
+        self.pages = []
 
     def run(self) -> int:
         from autograder.grading.recording import autograde as ag
@@ -236,7 +236,7 @@ class _ClassRun:
         started, timings = time.perf_counter(), {}
         ahead = None
         if shard is None:  # recorded while graded, in the time the grading leaves idle
-            ahead = self.ahead = ag.RecordingAhead(
+            ahead = ag.RecordingAhead(
                 root, args.assignment, [*self.notebooks, *self.kept], args.feedback,
                 entering,
             )  # fmt: skip
