@@ -770,8 +770,10 @@ def _enter_students(root: Path, students: list[str]) -> list[str]:
     before the workers run: else they enter them in the order they happen to finish,
     and lists ordered by name (``nbgrader export``'s rows, for one) come out in another
     order where the gradebook has no names. Only where nbgrader would create them
-    (``Autograde.create_student``, on by default). Returns those it created."""
-    from nbgrader.api import Gradebook
+    (``Autograde.create_student``, on by default), as ``add_student`` would create
+    them, in one transaction rather than one each (a class of 500 took seconds).
+    Returns those it created."""
+    from nbgrader.api import Gradebook, Student
 
     from autograder.grading.nbgrader_bridge import COURSE_ID, course_config
 
@@ -780,9 +782,11 @@ def _enter_students(root: Path, students: list[str]) -> list[str]:
         return []
     with Gradebook(f"sqlite:///{root / 'gradebook.db'}", COURSE_ID) as gb:
         there = {s.id for s in gb.students}
-        for student in students:
-            gb.update_or_create_student(student)
-    return [s for s in students if s not in there]
+        new = [s for s in students if s not in there]
+        for student in new:  # in this order: SQLAlchemy inserts them in it
+            gb.db.add(Student(id=student))
+        gb.db.commit()
+    return new
 
 
 def _remove_unrecorded(root: Path, students: list[str]) -> None:
