@@ -9,6 +9,7 @@ exercise's visible checks: what follows cannot make them pass, and is not run tw
 
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import nbformat
 import pytest
@@ -83,15 +84,17 @@ def test_validate_fails_untouched_and_wrong_notebooks_and_passes_a_right_one(
         config = paths.COURSE_ROOT  # an instructor's or a student's course folder
     else:
         config = _student_config(tmp_path / "etc")
-    untouched = _validate(
-        write(release_notebook(chapter), tmp_path / "a.ipynb"), config
-    )
-    assert FAILED in untouched and "NotImplementedError" in untouched
+    notebooks = [write(release_notebook(chapter), tmp_path / "a.ipynb")]
     for i, (exercise, *edit) in enumerate(MISTAKES[chapter]):
         nb = _with_mistake(chapter, exercise, *edit)
-        wrong = _validate(write(nb, tmp_path / f"wrong{i}.ipynb"), config)
+        notebooks.append(write(nb, tmp_path / f"wrong{i}.ipynb"))
+    notebooks.append(write(student_notebook(chapter), tmp_path / "c.ipynb"))
+    # each validation is a process of its own: two at a time
+    with ThreadPoolExecutor(2) as pool:
+        untouched, *wrongs, right = pool.map(lambda n: _validate(n, config), notebooks)
+    assert FAILED in untouched and "NotImplementedError" in untouched
+    for (exercise, *_), wrong in zip(MISTAKES[chapter], wrongs, strict=True):
         assert FAILED in wrong and f"after filling in {exercise}" in wrong, wrong
-    right = _validate(write(student_notebook(chapter), tmp_path / "c.ipynb"), config)
     assert PASSED in right, right
 
 
