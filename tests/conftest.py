@@ -44,6 +44,18 @@ def html(tmp_path_factory) -> Path:
     return out / "_build" / "html"
 
 
+# The suite runs on two workers (pytest-xdist, ``--dist loadgroup``): a test file's tests
+# stay together (they share module fixtures: a built course, executed notebooks), and the
+# files that share the session's book run on the same worker, which builds it once.
+_SAME_WORKER = {"test_book.py": "book", "test_edition.py": "book"}
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        name = item.path.name
+        item.add_marker(pytest.mark.xdist_group(_SAME_WORKER.get(name, name)))
+
+
 _TIMINGS: dict[str, float] = {}
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import atexit
 import os
-import signal
 import sys
 import threading
 import time
@@ -21,7 +20,7 @@ from nbclient.exceptions import CellExecutionComplete, DeadKernelError
 from autograder.grading.judging import upstream
 from autograder.grading.judging.prepare import PreparedTest
 from autograder.grading.running.limits import Limits
-from autograder.grading.running.sandbox import kill_kernel
+from autograder.grading.running.sandbox import interrupt_kernel, kill_kernel
 from autograder.grading.running.student_code import is_test_cell
 from autograder.grading.sealed import guard, probe, result_reader
 from autograder.grading.sealed.window import SealedWindow
@@ -64,15 +63,7 @@ class QuietClient(NotebookClient):
             self._interrupt()
 
     def _interrupt(self) -> None:
-        """SIGINT the kernel's process group (the sandbox's launcher relays it)."""
-        process = getattr(getattr(self.km, "provisioner", None), "process", None)
-        if process is not None:
-            try:
-                group = os.getpgid(process.pid)
-                if group != os.getpgid(0):  # never the grader's own group
-                    os.killpg(group, signal.SIGINT)
-            except OSError:
-                pass
+        interrupt_kernel(self.km)
 
 
 def _probe_setup_cell() -> str:
@@ -200,7 +191,7 @@ def _start_window_at(index: int, current: dict, window: SealedWindow, marks: dic
 
 
 def _kernel_pid(km) -> int | None:
-    """The kernel's process: the sandbox's launcher knows it (``Sandbox.kernel``); a
+    """The kernel's process: the sandbox's zygote notes it (``Sandbox.kernel``); a
     plain local kernel is the process Jupyter started."""
     if hasattr(km, "kernel_pid"):
         return km.kernel_pid()

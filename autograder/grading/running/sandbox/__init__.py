@@ -64,6 +64,7 @@ from jupyter_client.manager import AsyncKernelManager
 from jupyter_core.utils import run_sync
 
 from autograder.grading.running.limits import Limits
+from autograder.grading.running.sandbox.kernel_link import ZygoteKernel
 from autograder.grading.running.sandbox.ready import ReadyClient
 from autograder.grading.sealed import guard
 from autograder.paths import REPO
@@ -175,7 +176,7 @@ def kernel_ids(first: int, count: int = 65536) -> tuple[int, int] | None:
 
 @dataclass
 class KernelEnd:
-    """How a jailed kernel ended, as the zygote saw it (``launcher.py`` writes it)."""
+    """How a jailed kernel ended, as the zygote saw it (``ZygoteKernel.report``)."""
 
     exit_code: int | None = None
     signal: int | None = None
@@ -184,7 +185,7 @@ class KernelEnd:
     killed_by: str | None = None
     peak_mb: float | None = None  # the most it held together, in any form
     killed_for_memory_mb: list[float] = field(default_factory=list)
-    lost: bool = False  # no report: the zygote's child or the launcher was killed
+    lost: bool = False  # no report: the zygote's child was killed, or did not answer
     log: str = ""  # the kernel's own output before IPython took over, and the zygote's
 
     @property
@@ -305,19 +306,11 @@ class Sandbox:
         request = {
             "kernel_dir": str(kernel_dir),
             "connection_file": str(kernel_dir / "kernel.json"),
-            "status_file": str(self._status_file(kernel_dir)),
             "pid_file": str(self._pid_file(kernel_dir)),
         }
-        command = [
-            sys.executable,
-            "-I",
-            "-S",
-            str(_HERE / "launcher.py"),
+        km = _JailedKernelManager(
             self.socket,
-            json.dumps(request),
-        ]
-        km = _LaunchedKernelManager(
-            command,
+            request,
             transport="ipc",
             ip=str(kernel_dir / "ipc"),
             connection_file=request["connection_file"],
@@ -328,11 +321,7 @@ class Sandbox:
         finally:
             stop_kernel(km)
             remove_tree(kernel_dir)
-            self._status_file(kernel_dir).unlink(missing_ok=True)
             self._pid_file(kernel_dir).unlink(missing_ok=True)
-
-    def _status_file(self, kernel_dir: Path) -> Path:
-        return self.base / "status" / f"{kernel_dir.name}.json"
 
     def _pid_file(self, kernel_dir: Path) -> Path:
         """Where the zygote notes the kernel's process id (outside the jail)."""
@@ -342,10 +331,10 @@ class Sandbox:
         """Stop the kernel (if it still runs) and say how it ended."""
         stop_kernel(km)
         end = KernelEnd(lost=True)
+        report = km.jailed.report if km.jailed is not None else None
         try:
-            report = json.loads(self._status_file(kernel_dir).read_text())
             end = KernelEnd(**{k: v for k, v in report.items() if k != "log"})
-        except (OSError, ValueError, TypeError):
+        except (AttributeError, TypeError):
             pass
         if self.process.poll() is not None:
             end.lost = True
@@ -397,16 +386,21 @@ def remove_tree(path: Path) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def _launcher(km: AsyncKernelManager):
+def _kernel_process(km: AsyncKernelManager):
+    """What jupyter_client holds as the kernel's process: the jail's ``ZygoteKernel``,
+    or a plain local kernel's ``Popen``; None once it has been waited for."""
+    jailed = getattr(km, "jailed", None)
+    if jailed is not None:
+        return jailed
     return getattr(getattr(km, "provisioner", None), "process", None)
 
 
 def kill_kernel(km: AsyncKernelManager, grace: float = 5.0) -> None:
-    """End the kernel's process group (safe from any thread). In the sandbox that is the
-    launcher, whose end takes the kernel and all it started with it. It is asked first
-    (SIGTERM), so that it writes how the kernel ended; SIGKILL follows if it has not
-    exited within ``grace`` seconds."""
-    process = _launcher(km)
+    """End the kernel and all it started (safe from any thread). It is asked first
+    (SIGTERM: in the jail, the zygote's child kills it and reports how it ended); past
+    ``grace`` seconds a jailed kernel's connection is closed, which kills it too, and a
+    plain local kernel's process group gets SIGKILL."""
+    process = _kernel_process(km)
     if process is None or process.poll() is not None:
         return
     try:
@@ -415,6 +409,9 @@ def kill_kernel(km: AsyncKernelManager, grace: float = 5.0) -> None:
         return
     except (OSError, subprocess.TimeoutExpired):
         pass
+    if isinstance(process, ZygoteKernel):
+        process.abandon()
+        return
     try:
         group = os.getpgid(process.pid)
         if group == os.getpgid(0):  # never the grader's own group
@@ -423,6 +420,22 @@ def kill_kernel(km: AsyncKernelManager, grace: float = 5.0) -> None:
     except OSError:
         process.kill()
     process.wait()
+
+
+def interrupt_kernel(km: AsyncKernelManager) -> None:
+    """SIGINT the kernel (safe from any thread): relayed by the zygote's child in the
+    jail, sent to a plain local kernel's process group."""
+    process = _kernel_process(km)
+    if isinstance(process, ZygoteKernel):
+        process.send_signal(signal.SIGINT)
+        return
+    if process is not None:
+        try:
+            group = os.getpgid(process.pid)
+            if group != os.getpgid(0):  # never the grader's own group
+                os.killpg(group, signal.SIGINT)
+        except OSError:
+            pass
 
 
 def stop_kernel(km: AsyncKernelManager) -> None:
@@ -434,15 +447,20 @@ def stop_kernel(km: AsyncKernelManager) -> None:
         pass
 
 
-class _LaunchedKernelManager(AsyncKernelManager):
-    """Starts ``command`` (the launcher) instead of the kernelspec's command."""
+class _JailedKernelManager(AsyncKernelManager):
+    """Asks the sandbox's zygote for the kernel instead of starting the kernelspec's
+    command: its process, for jupyter_client, is a ``ZygoteKernel`` (``jailed``)."""
 
-    def __init__(self, command: list[str], **kwargs):
+    def __init__(self, socket_path: str, request: dict, **kwargs):
         super().__init__(kernel_name="python3", client_factory=ReadyClient, **kwargs)
-        self._command = command
+        self._socket_path, self._request = socket_path, request
+        self.jailed: ZygoteKernel | None = None
 
-    def format_kernel_cmd(self, extra_arguments=None) -> list[str]:
-        return list(self._command)
+    async def _async_launch_kernel(self, kernel_cmd: list[str], **kw) -> None:
+        # the provisioner has written the connection file the kernel reads
+        self.jailed = ZygoteKernel(self._socket_path, self._request)
+        self.provisioner.process = self.jailed
+        self._reconcile_connection_info(self.provisioner.connection_info)
 
 
 class Unsandboxed:
