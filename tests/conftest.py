@@ -50,6 +50,7 @@ def html(tmp_path_factory) -> Path:
 _SAME_WORKER = {"test_book.py": "book", "test_edition.py": "book"}
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(items):
     for item in items:
         name = item.path.name
