@@ -57,12 +57,16 @@ def pytest_collection_modifyitems(items):
         item.add_marker(pytest.mark.xdist_group(_SAME_WORKER.get(name, name)))
 
 
+# A chapter notebook's seconds, top to bottom: a test's recorded property, which reaches
+# the process that writes the summary from whichever worker ran the test.
+NOTEBOOK_SECONDS = "notebook_seconds"
 _TIMINGS: dict[str, float] = {}
 
 
-@pytest.fixture
-def notebook_timings() -> dict[str, float]:
-    return _TIMINGS
+def pytest_runtest_logreport(report):
+    for name, value in report.user_properties:
+        if name == NOTEBOOK_SECONDS:
+            _TIMINGS[report.nodeid.rsplit("[", 1)[-1].rstrip("]")] = value
 
 
 def pytest_terminal_summary(terminalreporter):

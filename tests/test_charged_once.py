@@ -14,9 +14,15 @@ from nbgrader.api import Gradebook
 
 from autograder import paths
 from autograder.grading.judging import upstream
+from autograder.grading.judging.judge import passes_alone
+from autograder.grading.judging.prepare import prepare
 from autograder.grading.judging.spec import load_chapter_tests
 from autograder.grading.nbgrader_bridge import COURSE_ID
 from autograder.grading.recording import verdict_record
+from autograder.grading.running.execute import run_notebook
+from autograder.grading.running.limits import Limits
+from autograder.grading.running.sandbox import Sandbox
+from autograder.grading.running.student_code import demo_sources
 from autograder.grading.sealed import probe, result_reader
 from autograder.grading.sealed.window import _answer
 from autograder.report import data
@@ -199,3 +205,30 @@ def test_without_triton_the_other_chapters_still_find_their_stand_ins():
     )
     run = run_python(code)
     assert run.stdout.strip() == "['scaled_dot_product_attention']", run.stderr[-2000:]
+
+
+@pytest.mark.parametrize("who", ["right", "unscaled"])
+def test_a_second_run_runs_only_when_the_students_own_code_fails(who):
+    """The judge looks at a test's run with the stand-ins only when the run with the
+    student's own code fails: a test that passed gets none (its result stays None),
+    one that failed gets it."""
+    tests = load_chapter_tests(CH4)
+    prepared = prepare(tests, tests.tests, seed=1)
+    twice = [i for i, p in enumerate(prepared) if p.stand_ins]
+    nb = student_notebook(CH4) if who == "right" else _planted(CH4, *UNSCALED)()
+    asked = []
+
+    def passed(i, outcomes):
+        asked.append(i)
+        return passes_alone(tests, prepared[i], outcomes)
+
+    with Sandbox() as sandbox, sandbox.kernel() as (km, workdir):
+        got, run = run_notebook(
+            nb, prepared, km, workdir, Limits(), demo_sources(CH4), passed
+        )
+    assert twice and sorted(asked) == twice
+    own = {i: passes_alone(tests, prepared[i], got[i]) for i in twice}
+    for i in twice:  # unscaled: MultiHeadAttention's tests pass with the stand-ins
+        second = run.second_runs[i]
+        assert second is None if own[i] else passes_alone(tests, prepared[i], second)
+    assert all(own.values()) == (who == "right")

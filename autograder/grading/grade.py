@@ -25,7 +25,13 @@ import nbformat
 from nbgrader.preprocessors import DeduplicateIds
 
 from autograder.grading.judging import delegation
-from autograder.grading.judging.judge import NO_RESULT_MARK, Verdict, attribute, verdict
+from autograder.grading.judging.judge import (
+    NO_RESULT_MARK,
+    Verdict,
+    attribute,
+    passes_alone,
+    verdict,
+)
 from autograder.grading.judging.prepare import PreparedTest, prepare
 from autograder.grading.judging.spec import (
     ChapterTests,
@@ -368,7 +374,13 @@ def _grade(
     started = time.perf_counter()
     with sandbox.kernel() as (km, workdir):
         got, run = run_notebook(
-            nb, prepared, km, workdir, limits, demo_sources(tests.chapter)
+            nb,
+            prepared,
+            km,
+            workdir,
+            limits,
+            demo_sources(tests.chapter),
+            lambda i, outcomes: passes_alone(tests, prepared[i], outcomes),
         )
         end = sandbox.end(km, workdir)
     run.marks.update(started=started, ended=time.perf_counter())

@@ -219,6 +219,12 @@ def verdict(
     return found
 
 
+def passes_alone(tests: ChapterTests, prepared: PreparedTest, got) -> bool:
+    """Whether the test passes on these outcomes of the student's own code (its first
+    run): ``verdict`` then never looks at its second run."""
+    return _judged(tests, prepared, got, NO_RESULT).passed
+
+
 def _judged(tests, prepared, got, missing_reason) -> Verdict:
     """One run's verdict, before any remark on the code."""
     test = prepared.test

@@ -10,6 +10,7 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -107,10 +108,13 @@ def run_notebook(
     workdir: Path,
     limits: Limits,
     skip: frozenset[str] = frozenset(),
+    passed: Callable[[int, list[dict] | str | None], bool] | None = None,
 ) -> tuple[list[list[dict] | str | None], Run]:
     """Execute the student's code cells, then the probe, which runs every hidden test in
     a sealed window (``window.py``); returns each test's raw outcomes (None where none
-    came back) and what went wrong."""
+    came back) and what went wrong. ``passed(i, outcomes)``: whether test ``i`` passes
+    on these outcomes of the student's own code, when its second run (with stand-ins) is
+    then not needed (the judge looks at it only when the first fails)."""
     student, numbers = _student_cells(nb, skip)
     twice = [i for i, p in enumerate(prepared) if p.stand_ins]  # a second run too
     plans = [p.test_plan for p in prepared] + [prepared[i].second_plan for i in twice]
@@ -118,6 +122,11 @@ def run_notebook(
     if twice:
         reference = vars(sys.modules[prepared[twice[0]].reference_module])
         oracle = upstream.ReferenceServer(reference)
+
+    def settled(index: int) -> bool:  # the index of a second run among the plans
+        test = twice[index - len(prepared)]
+        return passed is not None and passed(test, _read_result(window.results[test]))
+
     window = SealedWindow(
         lambda: _kernel_pid(km),
         workdir,
@@ -127,6 +136,7 @@ def run_notebook(
         max_bytes=int(limits.result_mb * 2**20),
         guard=guard.library_path(),
         oracle=oracle,
+        settled=settled,
     )
     probes = _probe_cells(workdir, limits.startup, str(guard.library_path()))
     probe_time = limits.startup + limits.test * len(plans) + 30

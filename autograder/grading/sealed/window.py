@@ -196,6 +196,7 @@ class SealedWindow(threading.Thread):
         max_bytes: int,
         guard: str | Path | None = None,
         oracle: Callable[[dict], Any] | None = None,
+        settled: Callable[[int], bool] | None = None,
     ):
         super().__init__(daemon=True)
         self.kernel_pid, self.folder, self.plans = kernel_pid, Path(folder), plans
@@ -206,6 +207,9 @@ class SealedWindow(threading.Thread):
         self.read: set[int] = set()  # results read (and fixed) before the child ended
         # computes what a stand-in asks (``upstream.ReferenceServer``)
         self.oracle = oracle
+        # whether a run with stand-ins (its index) is not needed: its test passed with
+        # the student's own code, whose result is read by then
+        self.settled = settled
         self.problem: str | None = None
         # the grader's own failure: the notebook gets no grade
         self.fault: str | None = None
@@ -492,6 +496,12 @@ class _StandInRuns:
             self.out = self.pending.pop(0)
             for stale in window.folder.glob("oracle_*"):
                 stale.unlink(missing_ok=True)
+            if window.settled is not None and window.settled(self.out):
+                # its result stays None: nothing the child writes for it is read
+                window._write(probe.REFERENCE_PLAN.format(self.out), probe.SKIP_PLAN)
+                window.read.add(self.out)
+                self.own, self.out = [*self.own, self.out], None
+                return
             plan = window.plans["tests"][self.out]
             window._write(probe.REFERENCE_PLAN.format(self.out), plan)
             return

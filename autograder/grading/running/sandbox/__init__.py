@@ -20,7 +20,9 @@ It runs under memory, disk, file-size and time limits. ``Limits.memory_mb`` hold
 the memory it holds in any form, measured from outside the jail every
 ``Limits.watch_period`` seconds (``Watch`` in ``zygote.py``): its processes' anonymous
 and file-backed memory, shared memory they map, files in its tmpfs mounts, its SysV
-segments and its memfd files, each counted once; the reported peak includes all of it.
+segments and its memfd files, each counted once; the reported peak includes all of it
+(summed exactly at least once a second and whenever its resident pages grow by 64 MB;
+a sum of resident pages, never below it, decides between those).
 Past the limit the largest process is killed, a forked child before the kernel, and the
 kernel itself when shared memory (which no other death frees) is past it. What it writes
 to its kernel directory is capped at ``Limits.kernel_dir_mb`` (and 4096 files, checked

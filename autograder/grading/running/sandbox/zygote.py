@@ -33,6 +33,7 @@ import signal
 import socket
 import struct
 import sys
+import time
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWUSER = 0x10000000
@@ -485,7 +486,17 @@ class Watch:
     largest process is killed (a forked child before the kernel), until the rest fit;
     the kernel at once when shared memory alone (which no other death frees) is past it.
     The kernel mounted ``/proc`` for its own PID namespace and pivoted this process's
-    root too, so ``/proc`` here lists exactly its processes and ``/tmp`` is its own."""
+    root too, so ``/proc`` here lists exactly its processes and ``/tmp`` is its own.
+
+    Each sample first sums the processes' resident pages (``statm``, a counter read),
+    which is never below their exact share (``_memory_of``, which walks every page
+    table: the costly part). The exact sum is taken when that bound is past the limit,
+    so the limit holds exactly as if it were taken every time; and, for the peak,
+    whenever the bound has grown by ``EXACT_GROWTH`` since the last exact sum, and at
+    least every ``EXACT_EVERY`` seconds."""
+
+    EXACT_GROWTH = 64 * 2**20
+    EXACT_EVERY = 1.0
 
     def __init__(self, limit):
         self.limit = limit
@@ -493,6 +504,8 @@ class Watch:
         self.killed = []  # (pid, bytes) of the processes killed for memory
         self.shm_dev = _shm_device()
         self.open = {}  # the last sample's open files (``Scratch`` reads them too)
+        self._exact_bound = None  # the bound when the exact sum was last taken
+        self._exact_when = 0.0
 
     def sample(self):
         if os.path.exists("/proc/self"):
@@ -500,8 +513,18 @@ class Watch:
         pids = [entry for entry in os.listdir("/proc") if entry.isdigit()]
         self.open = _open_files(pids)
         memfds = {k: v for k, v in self.open.items() if k[0] == self.shm_dev}
-        sizes = {pid: _memory_of(pid, self.shm_dev, memfds) for pid in pids}
         shared = _tmpfs_used() + _sysv_shm() + sum(b for _, b in memfds.values())
+        bound = sum(_statm(pid) for pid in pids) + shared
+        now = time.monotonic()
+        if (
+            bound <= self.limit
+            and self._exact_bound is not None
+            and bound < self._exact_bound + self.EXACT_GROWTH
+            and now < self._exact_when + self.EXACT_EVERY
+        ):
+            return
+        self._exact_bound, self._exact_when = bound, now
+        sizes = {pid: _memory_of(pid, self.shm_dev, memfds) for pid in pids}
         total = sum(sizes.values()) + shared
         self.peak = max(self.peak, total)
         while total > self.limit and sizes:
