@@ -221,12 +221,13 @@ def verdict(
 
 def passes_alone(tests: ChapterTests, prepared: PreparedTest, got) -> bool:
     """Whether the test passes on these outcomes of the student's own code (its first
-    run): ``verdict`` then never looks at its second run."""
-    return _judged(tests, prepared, got, NO_RESULT).passed
+    run): ``verdict`` then never looks at its second run. No mistake is sought."""
+    return _judged(tests, prepared, got, NO_RESULT, explain=False).passed
 
 
-def _judged(tests, prepared, got, missing_reason) -> Verdict:
-    """One run's verdict, before any remark on the code."""
+def _judged(tests, prepared, got, missing_reason, explain: bool = True) -> Verdict:
+    """One run's verdict, before any remark on the code; ``explain``: a failure's known
+    mistake is sought."""
     test = prepared.test
     if got is not None and not isinstance(got, str):  # str: why the result was unusable
         got = outcomes.validated(got, len(prepared.cases))
@@ -237,7 +238,7 @@ def _judged(tests, prepared, got, missing_reason) -> Verdict:
     refused = _refused_by_guard(got) if prepared.guarded else None
     if refused:
         return Verdict(test.id, test.points, False, refused, refused=_route(refused))
-    return _compare_outputs(tests, prepared, got)
+    return _compare_outputs(tests, prepared, got, explain)
 
 
 def _usable(second) -> bool:
@@ -316,7 +317,7 @@ def _refused_by_guard(got: list[Outcome]) -> str | None:
 
 
 def _compare_outputs(
-    tests: ChapterTests, prepared: PreparedTest, got: list[Outcome]
+    tests: ChapterTests, prepared: PreparedTest, got: list[Outcome], explain: bool
 ) -> Verdict:
     """The outputs against the reference's, case by case: the first failure explained."""
     test, cases, expected = prepared.test, prepared.cases, prepared.expected
@@ -336,7 +337,7 @@ def _compare_outputs(
                 f" ({c.label})" if c.label else ""
             )
             message = f"`{test.exercise}` {where}: {problem}."
-            mistake = _recognise_mistake(tests, prepared, got, tol)
+            mistake = _recognise_mistake(tests, prepared, got, tol) if explain else None
             hint = f" Likely mistake: {mistake.hint}" if mistake else ""
             if mistake and mistake.section:
                 hint += f" Read again: {chapter_page(*mistake.section.split('#'))}"
