@@ -44,21 +44,8 @@ def html(tmp_path_factory) -> Path:
     return out / "_build" / "html"
 
 
-# The suite runs on two workers (pytest-xdist, ``--dist loadgroup``): a test file's tests
-# stay together (they share module fixtures: a built course, executed notebooks), and the
-# files that share the session's book run on the same worker, which builds it once.
-_SAME_WORKER = {"test_book.py": "book", "test_edition.py": "book"}
-
-
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
-def pytest_collection_modifyitems(items):
-    for item in items:
-        name = item.path.name
-        item.add_marker(pytest.mark.xdist_group(_SAME_WORKER.get(name, name)))
-
-
-# A chapter notebook's seconds, top to bottom: a test's recorded property, which reaches
-# the process that writes the summary from whichever worker ran the test.
+# A chapter notebook's seconds, top to bottom: a test's recorded property (which reaches
+# the summary even where a plugin runs the tests in other processes).
 NOTEBOOK_SECONDS = "notebook_seconds"
 _TIMINGS: dict[str, float] = {}
 
