@@ -16,7 +16,7 @@ the course is imported here. Steps:
    entering one more user namespace, applies resource limits, scrubs the environment and
    starts an IPython kernel. The course repository, other submissions, the gradebook and
    the rest of the disk are not in its root at all.
-4. The child relays the launcher's signals to the kernel, watches the memory its kernel
+4. The child relays the grader's signals to the kernel, watches the memory its kernel
    holds in any form and what it writes to its kernel directory, and reports the kernel's
    exit. The kernel's end frees its IPC namespace and tmpfs mounts with it.
 """
@@ -609,7 +609,7 @@ def isolate():
 def serve_one(conn, request, config):
     """In the forked child: the kernel's own namespaces, then the kernel as PID 1. Here
     the kernel's signals are relayed, the memory it holds and what it writes to its
-    kernel directory watched, and how it ended reported to the launcher as one line of
+    kernel directory watched, and how it ended reported to the grader as one line of
     JSON."""
     die_with_parent()
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # this process waits for its kernel
@@ -658,7 +658,7 @@ def serve_one(conn, request, config):
             data = conn.recv(16)
         except OSError:
             data = b""
-        if not data:  # the launcher is gone: so is the kernel, and all it started
+        if not data:  # the grader is gone: so is the kernel, and all it started
             killed_by = killed_by or "grader"
             _kill(kernel, signal.SIGKILL)
             continue
