@@ -44,16 +44,12 @@ def html(tmp_path_factory) -> Path:
     return out / "_build" / "html"
 
 
-# A chapter notebook's seconds, top to bottom: a test's recorded property (which reaches
-# the summary even where a plugin runs the tests in other processes).
-NOTEBOOK_SECONDS = "notebook_seconds"
 _TIMINGS: dict[str, float] = {}
 
 
-def pytest_runtest_logreport(report):
-    for name, value in report.user_properties:
-        if name == NOTEBOOK_SECONDS:
-            _TIMINGS[report.nodeid.rsplit("[", 1)[-1].rstrip("]")] = value
+@pytest.fixture
+def notebook_timings() -> dict[str, float]:
+    return _TIMINGS
 
 
 def pytest_terminal_summary(terminalreporter):

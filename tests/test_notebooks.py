@@ -10,7 +10,6 @@ import pytest
 from nbclient import NotebookClient
 
 from autograder.build.book import STRICT_CLAIMS
-from tests.conftest import NOTEBOOK_SECONDS
 from tests.figures import alt_text_problems
 from tests.notebooks import student_notebook
 
@@ -57,9 +56,9 @@ def executed(request) -> dict:
         return dict(zip(chapters, pool.map(_run, chapters), strict=True))
 
 
-def test_filled_in_notebook_runs_top_to_bottom(chapter, executed, record_property):
+def test_filled_in_notebook_runs_top_to_bottom(chapter, executed, notebook_timings):
     nb, seconds, failure = executed[chapter]
-    record_property(NOTEBOOK_SECONDS, seconds)  # reported at the end (conftest.py)
+    notebook_timings[chapter] = seconds
     if failure is not None:
         raise failure
     errors = [
