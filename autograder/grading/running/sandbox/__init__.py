@@ -415,13 +415,20 @@ def kill_kernel(km: AsyncKernelManager, grace: float = 5.0) -> None:
         process.abandon()
         return
     try:
-        group = os.getpgid(process.pid)
-        if group == os.getpgid(0):  # never the grader's own group
+        group = _kernel_group(process)
+        if group is None:
             raise ProcessLookupError
         os.killpg(group, signal.SIGKILL)
     except OSError:
         process.kill()
     process.wait()
+
+
+def _kernel_group(process) -> int | None:
+    """A plain local kernel's process group; None if it is the grader's own (never
+    signalled). OSError once the kernel is gone."""
+    group = os.getpgid(process.pid)
+    return None if group == os.getpgid(0) else group
 
 
 def interrupt_kernel(km: AsyncKernelManager) -> None:
@@ -433,8 +440,8 @@ def interrupt_kernel(km: AsyncKernelManager) -> None:
         return
     if process is not None:
         try:
-            group = os.getpgid(process.pid)
-            if group != os.getpgid(0):  # never the grader's own group
+            group = _kernel_group(process)
+            if group is not None:
                 os.killpg(group, signal.SIGINT)
         except OSError:
             pass
