@@ -8,3 +8,12 @@
   and the plausible wrong answers the feedback names.
 - ``course``: nbgrader's course root (its config, ``source/``, ``release/``, the gradebook).
 """
+
+import sys
+
+# jsonschema, which nbformat imports, imports rfc3987-syntax (Jupyter's extras install it)
+# for its "iri" formats, and that package builds an Earley parser as it is imported:
+# about 2 s of CPU in every process of ours that reads a notebook (each command, each
+# recording worker), before anything else. No notebook or gradebook schema checks an
+# IRI; without the package, jsonschema leaves those formats unchecked.
+sys.modules.setdefault("rfc3987_syntax", None)

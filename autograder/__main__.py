@@ -13,11 +13,6 @@ import sys
 import time
 from pathlib import Path
 
-# jsonschema, under nbformat, imports rfc3987-syntax when it is installed (Jupyter's
-# extras install it), which builds an IRI grammar at import: over a second of every
-# command. No notebook schema checks an IRI, so the grammar is never wanted here.
-sys.modules.setdefault("rfc3987_syntax", None)
-
 from autograder import paths  # noqa: E402
 
 
@@ -312,8 +307,11 @@ class _ClassRun:
             ahead.close()
             previous = ag.previous_provenance(self.root, args.assignment)
         left = [r for r in results if r["student"] not in ahead.recorded | taking]
-        status = ag.record(  # beside the recording it has under way
-            self.root, args.assignment, left, True, args.jobs, args.feedback,
+        # beside the recording it has under way, which keeps a core: at its lower
+        # priority it would otherwise wait for these workers, then run alone
+        workers = args.jobs - 1 if taking and args.jobs > 1 else args.jobs
+        status = ag.record(
+            self.root, args.assignment, left, True, workers, args.feedback,
             timings, pages=self.pages,
         )  # fmt: skip
         ahead.close()

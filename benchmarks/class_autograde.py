@@ -55,6 +55,7 @@ sys.path[:0] = [str(REPO), str(REPO / "benchmarks")]
 from grading import KINDS, PLAIN_CONFIG  # noqa: E402
 
 from autograder.grading.nbgrader_bridge import COURSE_ID  # noqa: E402
+from autograder.grading.recording.autograde import RECORD_AHEAD_AT  # noqa: E402
 from autograder.paths import COURSE_ROOT  # noqa: E402
 from tests.notebooks import student_notebook, write  # noqa: E402
 
@@ -383,8 +384,8 @@ def report(args, students, sample, ways, small) -> None:
     j2, j1 = (totals[k] for k in list(totals)[:2])
     grading = [ways[k]["times"]["grading"] for k in list(ways)[:2]]
     print(
-        f"--jobs 2 is {j1 / j2:.2f}x --jobs 1 (with --jobs 1, a class of 60 or more is "
-        "recorded beside the grading on the other core); the grading alone "
+        f"--jobs 2 is {j1 / j2:.2f}x --jobs 1 (with --jobs 1, a class of {RECORD_AHEAD_AT} "
+        "or more is recorded beside the grading on the other core); the grading alone "
         f"{grading[1] / grading[0]:.2f}x"
     )
     per_sub = j2 / n

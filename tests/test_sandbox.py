@@ -1,6 +1,9 @@
 """The sandbox's guarantees, checked from inside a jailed kernel."""
 
+import platform
+import re
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -142,6 +145,27 @@ def test_pytorch_works_and_is_preloaded(sandbox):
         "import torch; print(float((torch.ones(64, 64) @ torch.ones(64, 64))[0, 0]))",
     )
     assert out.split() == ["True", "64.0"]
+
+
+def _huge_pages_offered() -> bool:
+    """Transparent huge pages not switched off, and a kernel that knows
+    ``MADV_COLLAPSE`` (Linux 6.1)."""
+    try:
+        mode = Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text()
+    except OSError:
+        return False
+    release = tuple(int(x) for x in re.findall(r"\d+", platform.release())[:2])
+    return "[never]" not in mode and release >= (6, 1)
+
+
+def test_the_preload_is_shared_in_huge_pages(sandbox):
+    """What the warm process preloaded is held in 2 MB pages (``zygote.in_huge_pages``):
+    a kernel's fork copies one page-table entry for each, not 512."""
+    if not _huge_pages_offered():
+        pytest.skip("this machine's kernel offers no huge pages to collapse into")
+    rollup = Path(f"/proc/{sandbox.process.pid}/smaps_rollup").read_text()
+    huge_mb = int(re.search(r"AnonHugePages:\s+(\d+)", rollup).group(1)) // 1024
+    assert huge_mb >= 64, rollup
 
 
 def test_no_route_out_but_its_own_loopback_works(sandbox):

@@ -503,15 +503,20 @@ def grade_many(
     started = time.perf_counter()
     seed = secrets.randbits(32) if seed is None else seed
     limits = limits or Limits()
-    # Import every chapter's tests and reference here, once, before the workers start:
-    # imported first by two threads at once, a module can be seen half-initialised.
-    # A chapter this machine cannot load (no Triton) is not graded: grade_notebook says so.
-    for chapter in graded_chapters():
-        if missing_requirement(chapter) is None:
-            load_chapter_tests(chapter).reference()
     folders = sorted({Path(p).resolve().parent for p in paths})
-    sandbox = Sandbox(limits, hide=folders) if sandboxed else Unsandboxed(limits)
+    # the jail's warm process preloads PyTorch on one core while this one loads the tests
+    sandbox = (
+        Sandbox(limits, hide=folders, wait=False) if sandboxed else Unsandboxed(limits)
+    )
     with sandbox:
+        # Import every chapter's tests and reference here, once, before the workers
+        # start: imported first by two threads at once, a module can be seen
+        # half-initialised. A chapter this machine cannot load (no Triton) is not
+        # graded: grade_notebook says so.
+        for chapter in graded_chapters():
+            if missing_requirement(chapter) is None:
+                load_chapter_tests(chapter).reference()
+        sandbox.ready()
         if sandboxed:  # unjailed, the canary's promises (the course hidden) cannot hold
             _in_a_thread(prove, sandbox, limits)
         batch = Batch(sandbox, seed, limits)

@@ -104,8 +104,6 @@ def _arm_stop_points() -> None:
 
 
 def main(argv: list[str]) -> int:
-    # no IRI grammar built at start (over a second), as in autograder/__main__.py
-    sys.modules.setdefault("rfc3987_syntax", None)
     from autograder.grading.recording import gradebook_once, schema_once
     from autograder.grading.recording.stop_points import STOP_AT
 

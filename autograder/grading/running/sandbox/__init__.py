@@ -219,8 +219,13 @@ class Sandbox:
         limits: Limits | None = None,
         hide: list[Path] = (),
         ready_timeout: float = 120.0,
+        wait: bool = True,
     ):
+        """Start the jail's warm process; with ``wait``, wait until it is ready (else
+        call :meth:`ready` before the first kernel: the process preloads PyTorch
+        meanwhile, for a few seconds of one core)."""
         self.limits = limits or Limits()
+        self._ready_timeout, self._started = ready_timeout, False
         # the attention guard, built before the jail: without it nothing is graded
         try:
             self.guard = str(guard.ensure())
@@ -268,7 +273,15 @@ class Sandbox:
             env=env,
             start_new_session=True,
         )
-        ready, _, _ = select.select([self.process.stdout], [], [], ready_timeout)
+        if wait:
+            self.ready()
+
+    def ready(self) -> None:
+        """Wait until the warm process has preloaded; raises ``SandboxUnavailable``
+        (after closing it) if it cannot start. Once ready, returns at once."""
+        if self._started:
+            return
+        ready, _, _ = select.select([self.process.stdout], [], [], self._ready_timeout)
         line = self.process.stdout.readline() if ready else b""
         if line.split()[:1] != [b"ready"]:
             self.close()
@@ -285,6 +298,7 @@ class Sandbox:
                 explain(why.splitlines()[-1] if why else "the zygote did not answer")
             )
         self._check_memory_limit(int(line.split()[1]) // 1024)
+        self._started = True
 
     def _check_memory_limit(self, start_mb: int) -> None:
         """A limit under what a kernel needs to start would fail every kernel, the
@@ -481,6 +495,9 @@ class Unsandboxed:
             self.guard = str(guard.ensure())
         except guard.GuardUnavailable as exc:
             raise SandboxUnavailable(str(exc)) from None
+
+    def ready(self) -> None:
+        pass
 
     @contextmanager
     def kernel(self) -> Iterator[tuple[AsyncKernelManager, Path]]:

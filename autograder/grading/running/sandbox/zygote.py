@@ -6,7 +6,8 @@ the course is imported here. Steps:
 
 1. Enter a new user namespace (mapped to the grader's own uid) and an empty network
    namespace: no network for anything forked from here.
-2. Import PyTorch, NumPy, Matplotlib and ipykernel once (the expensive part of a kernel).
+2. Import PyTorch, NumPy, Matplotlib and ipykernel once (the expensive part of a kernel),
+   and fold that memory into 2 MB pages, which makes each fork and each kernel's end cheap.
 3. For each request on SOCKET, fork. The child enters new mount, PID, IPC, network (only
    its own loopback, up) and hostname namespaces and forks the kernel, which becomes PID 1
    there (when it exits, every process the student started
@@ -827,6 +828,37 @@ def preload(guard=None):
             sys.exit(1)
 
 
+MADV_HUGEPAGE, MADV_NOHUGEPAGE, MADV_COLLAPSE = 14, 15, 25
+HUGE_PAGE = 2 * 2**20
+
+
+def in_huge_pages():
+    """Fold the preload's anonymous memory (its heap and PyTorch's, about 200 MB) into
+    2 MB pages (``MADV_COLLAPSE``, Linux 6.1 and later), once. A fork then copies one
+    page-table entry per 2 MB instead of 512, and an exit frees as few: a kernel's fork
+    and end cost about a fifth of what they did (each kernel forks twice: its watcher,
+    then itself). A kernel that writes to a shared huge page still copies only the 4 kB
+    it writes (the kernel splits the mapping), so no kernel holds more memory. New
+    memory stays in 4 kB pages (``MADV_NOHUGEPAGE`` after), here and in every kernel.
+    Best effort: where it is refused (an older kernel, no free huge page), the memory
+    stays as it was."""
+    madvise = _libc.madvise
+    madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    with open("/proc/self/maps") as maps:
+        regions = [line.split() for line in maps]
+    for fields in regions:
+        anonymous = len(fields) < 6 or fields[5] == "[heap]"
+        if not (anonymous and fields[1].startswith("rw")):
+            continue
+        start, end = (int(x, 16) for x in fields[0].split("-"))
+        start = -(-start // HUGE_PAGE) * HUGE_PAGE
+        end = end // HUGE_PAGE * HUGE_PAGE
+        if end > start:
+            madvise(start, end - start, MADV_HUGEPAGE)
+            madvise(start, end - start, MADV_COLLAPSE)
+            madvise(start, end - start, MADV_NOHUGEPAGE)
+
+
 def address_space_kb() -> int:
     """This process's address space (VmSize), which each kernel forked from it inherits."""
     with open("/proc/self/status") as status:
@@ -844,6 +876,7 @@ def main(socket_path, config_json):
     # What the preload made stays shared with every kernel: a kernel's garbage collector
     # would otherwise walk (and so write to, and copy) every one of those objects.
     gc.freeze()
+    in_huge_pages()
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped automatically
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.bind(socket_path)
