@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from autograder import paths  # noqa: E402
+from autograder import paths
 
 
 def _build(args) -> int:
