@@ -232,11 +232,12 @@ def test_math_in_a_heading_stays_math():
 
 
 def test_a_page_made_again_from_rendered_markdown_is_the_same(chapter_page):
-    """Markdown is rendered once per process and reused (most of a page's cost): the
-    next student's page of the same chapter is byte for byte the page made afresh."""
+    """Markdown is rendered once per process and reused (most of a page's cost), and so
+    is an answer many hand in alike: the next student's page of the same chapter is byte
+    for byte the page made afresh."""
     from autograder.grading.recording import safe_feedback
 
-    assert safe_feedback._RENDERED  # the first page filled it
+    assert safe_feedback._RENDERED and safe_feedback._HIGHLIGHTED  # the first page's
     assert _page(_scored(source_notebook(CHAPTER))) == chapter_page
 
 
@@ -252,7 +253,7 @@ def test_reused_markdown_still_counts_against_the_budget(monkeypatch):
     safe_feedback._RENDERED.clear()
     reused = [_page(nb), _page(nb)]  # the cell rendered once, then reused
     assert len(safe_feedback._RENDERED) == 1
-    monkeypatch.setattr(safe_feedback, "_keep", lambda key, rendered: None)
+    monkeypatch.setattr(safe_feedback, "_keep_bounded", lambda kept, key, value: None)
     safe_feedback._RENDERED.clear()
     fresh = _page(nb)  # every cell rendered
     assert reused == [fresh, fresh]

@@ -4,6 +4,7 @@ leaves. nbgrader's recording itself is stood in for here; that a class recorded 
 ends exactly as one recorded after the grading is ``tests/test_class_stop.py``'s check."""
 
 import sqlite3
+import subprocess
 import threading
 import time
 
@@ -40,16 +41,37 @@ def _url(root) -> str:
     return f"sqlite:///{root / 'gradebook.db'}"
 
 
+class _Worker:
+    """Stands in for the recording worker that stays up (``RecordingWorker``)."""
+
+    started: list["_Worker"] = []
+
+    def __init__(self, root, nice: int):
+        assert nice > 0  # at a lower priority than the grading
+        self.process = subprocess.Popen(["sleep", "60"])
+        self.closed = False
+        _Worker.started.append(self)
+
+    def close(self) -> int:
+        self.closed = True
+        self.process.kill()
+        return self.process.wait()
+
+
 @pytest.fixture
 def recordings(monkeypatch):
     """Each recording handed over: the students, and the exit status to give back."""
     calls, status = [], {"next": 0, "release": None}
+    _Worker.started = []
+    monkeypatch.setattr(ag, "RecordingWorker", _Worker)
 
     def record(root, assignment, results, force, jobs, feedback, timings, **kw):
         calls.append(sorted(r["student"] for r in results))
         if status["release"] is not None:  # a recording that takes its time
             status["release"].wait(10)
-        assert kw["nice"] > 0 and jobs == 1  # one worker, at a lower priority
+        # one worker, the same for every run
+        assert jobs == 1 and kw["worker"] is _Worker.started[-1]
+        assert len(_Worker.started) == 1
         with Gradebook(_url(root), COURSE_ID) as gb:
             for r in results:
                 if r["graded"]:
@@ -90,6 +112,7 @@ def test_students_enter_in_id_order_and_a_fault_leaves_no_student(course, record
     ahead.add(_result("alice"))
     ahead.close()  # one graded since: fewer than ``at``, left to the run
     assert calls == [["bob", "dave"]]
+    assert [w.closed for w in _Worker.started] == [True]  # its worker ended with it
     assert ahead.recorded == {"bob", "dave"} and ahead.previous == {}
     with Gradebook(_url(course), COURSE_ID) as gb:  # the run records the rest
         for student in ("alice", "carol"):
@@ -105,7 +128,7 @@ def test_nothing_recorded_where_the_assignment_could_not_be_entered(course, reco
         ahead.add(_result(student))
     ahead.close()
     assert calls == [] and ahead.recorded == set() and ahead.previous is None
-    assert _students_in_order(course) == ["zed"]
+    assert _students_in_order(course) == ["zed"] and _Worker.started == []
 
 
 def test_a_stopped_recording_counts_for_no_student(course, recordings):
@@ -133,3 +156,16 @@ def test_the_run_records_the_rest_beside_the_recording_under_way(course, recordi
     status["release"].set()
     ahead.close()
     assert calls == [["alice"]] and ahead.recorded == {"alice"}
+
+
+def test_one_worker_records_every_run_and_a_stop_ends_it(course, recordings):
+    calls, _ = recordings
+    ahead = ag.RecordingAhead(course, ASSIGNMENT, CLASS, False, _Entering(), at=1)
+    for student in ("alice", "bob", "carol"):
+        ahead.add(_result(student))
+        _until(lambda s=student: s in ahead.recorded)
+    assert calls == [["alice"], ["bob"], ["carol"]] and len(_Worker.started) == 1
+    worker = _Worker.started[0]
+    assert worker.process.poll() is None  # up between runs
+    ahead.stop()
+    assert worker.process.poll() is not None  # ended by the stop

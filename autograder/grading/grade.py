@@ -490,24 +490,27 @@ def grade_many(
     on_result: Callable[[dict], None] | None = None,
     timings: dict | None = None,
     on_start: Callable[[Path], None] | None = None,
+    sandbox: Sandbox | None = None,
 ) -> Iterator[dict]:
     """Grade notebooks ``jobs`` at a time, each in a fresh kernel forked from one warm
     sandbox, after proving the sandbox on a canary; yields results in the order of
     ``paths``. A notebook whose run a grader fault spoiled is graded again once, alone,
     after the others. ``on_result`` is called with each result as it is made (a
-    progress bar), ``on_start`` with each path as a worker takes it up. ``timings`` (if given) gets ``start``: the seconds before the first
-    notebook starts (the references loaded, the sandbox started and proven). Raises
-    ``SandboxUnavailable`` (nothing graded) when the canary fails."""
+    progress bar), ``on_start`` with each path as a worker takes it up. ``timings`` (if
+    given) gets ``start``: the seconds before the first notebooks start (the references
+    loaded, the sandbox started and proven). A ``sandbox`` (if given) is one the caller
+    started for ``paths`` (``Sandbox.for_notebooks``) before it imported this module;
+    it is closed here. Raises ``SandboxUnavailable`` (nothing graded) when the canary
+    fails."""
     from autograder.grading.running.preflight import prove
 
-    started = time.perf_counter()
+    started = time.perf_counter() if sandbox is None else sandbox.created
     seed = secrets.randbits(32) if seed is None else seed
     limits = limits or Limits()
-    folders = sorted({Path(p).resolve().parent for p in paths})
-    # the jail's warm process preloads PyTorch on one core while this one loads the tests
-    sandbox = (
-        Sandbox(limits, hide=folders, wait=False) if sandboxed else Unsandboxed(limits)
-    )
+    if sandbox is None:
+        sandbox = (
+            Sandbox.for_notebooks(paths, limits) if sandboxed else Unsandboxed(limits)
+        )
     with sandbox:
         # Import every chapter's tests and reference here, once, before the workers
         # start: imported first by two threads at once, a module can be seen

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import atexit
 import copy
-import functools
 import json
 import os
 import secrets
@@ -76,9 +75,20 @@ VERDICTS = "AUTOGRADER_VERDICTS"  # results graded beforehand, one JSON line per
 _RECORDED_FROM: dict[tuple[str, str], str] = {}
 
 
-@functools.cache
 def _graded_beforehand(path: str) -> dict[tuple[str, str], dict]:
-    """The results ``python -m autograder autograde`` wrote, by (assignment, student)."""
+    """The results ``python -m autograder autograde`` wrote, by (assignment, student):
+    read once per file (and again if it changes), not once per notebook."""
+    stat = os.stat(path)
+    signature = (path, stat.st_ino, stat.st_mtime_ns, stat.st_size)
+    if _BEFOREHAND[0] != signature:
+        _BEFOREHAND[:] = [signature, _read_results(path)]
+    return _BEFOREHAND[1]
+
+
+_BEFOREHAND: list = [None, {}]  # the file last read: its signature, its results
+
+
+def _read_results(path: str) -> dict[tuple[str, str], dict]:
     results = {}
     with open(path) as f:
         for line in f:

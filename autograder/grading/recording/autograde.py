@@ -224,8 +224,8 @@ def grade_class(
     the grader took to start (``grade_many``)."""
     from tqdm import tqdm
 
-    from autograder.grading.grade import grade_many
     from autograder.grading.recording.stop_points import STOP_AT, stop_point
+    from autograder.grading.running.sandbox import Sandbox
 
     students = list(notebooks)
     if not students:
@@ -279,15 +279,24 @@ def grade_class(
             show()
 
     watcher = threading.Thread(target=watch, daemon=True)
-    if progress:
-        watcher.start()
+    paths = [notebooks[s] for s in students]
+    # the jail's warm process preloads PyTorch (seconds) on one core while this process
+    # imports it with the grader on another: started before that import, not after
+    sandbox = Sandbox.for_notebooks(paths, limits)
     try:
+        from autograder.grading.grade import grade_many
+
+        if progress:
+            watcher.start()
         results = list(
             grade_many(
-                [notebooks[s] for s in students], assignment, jobs, seed, limits,
-                on_result=graded_one, timings=timings, on_start=started_one,
+                paths, assignment, jobs, seed, limits, on_result=graded_one,
+                timings=timings, on_start=started_one, sandbox=sandbox,
             )
         )  # fmt: skip
+    except BaseException:
+        sandbox.close()  # closed already where grade_many began
+        raise
     finally:
         done.set()
         bar.close()
@@ -533,6 +542,7 @@ def record(
     pages: list[str] = (),
     nice: int = 0,
     running: list | None = None,
+    worker: RecordingWorker | None = None,
 ) -> int:
     """Run ``nbgrader autograde`` over the graded students only, taking their verdicts
     from ``results``, on ``jobs`` workers at once (each a process of its own over a part
@@ -541,7 +551,8 @@ def record(
     ``pages`` (students recorded whose page a stop left unwritten). Returns the largest
     exit status; ``timings`` (if given) gets each step's seconds summed over the workers
     and the workers' wall time. ``nice`` lowers the workers' CPU priority; ``running``
-    (if given) gets each worker's process as it starts, for a stop to end it."""
+    (if given) gets each worker's process as it starts, for a stop to end it. A
+    ``worker`` (if given) records on one worker in place of a new process."""
     from autograder.grading.recording.completion import ensure
 
     _record_attempts_without_grade(root, assignment, results)
@@ -564,7 +575,6 @@ def record(
     with tempfile.TemporaryDirectory(prefix="verdicts-") as tmp:
         verdicts = Path(tmp) / "verdicts.jsonl"
         write_results([r for r in results if r["graded"]], verdicts)
-        from autograder.grading.nbgrader_bridge import VERDICTS
 
         def exclude(part):
             others = sorted(set(everyone) - set(part))
@@ -572,7 +582,7 @@ def record(
                 return []
             return [f"--CourseDirectory.student_id_exclude={','.join(others)}"]
 
-        processes = []
+        commands = []
         for k, part in enumerate(parts):
             args = []
             if part:
@@ -587,44 +597,123 @@ def record(
                 mine = part + page_parts[k]
                 args += ["--then", "generate_feedback", assignment, "--force"]
                 args += exclude(mine)
-            processes.append(
-                subprocess.Popen(
-                    [
-                        sys.executable,
-                        "-m",
-                        "autograder.grading.recording.nbgrader_steps",
-                        "--timings",
-                        str(Path(tmp) / f"timings-{k}.json"),
-                        *(["--nice", str(nice)] if nice else []),
-                        *args,
-                    ],
-                    cwd=root,
-                    env={**env_with_repo_on_path(), VERDICTS: str(verdicts)},
-                )  # fmt: skip
+            commands.append(args)
+        if worker is not None and workers == 1:
+            status, steps = worker.run(commands[0], verdicts)
+            step_lists = [steps]
+        else:
+            status, step_lists = _run_workers(
+                root, commands, verdicts, Path(tmp), nice, running
             )
-            if running is not None:
-                running.append(processes[-1])
-        try:
-            status = max(process.wait() for process in processes)
-        except KeyboardInterrupt:  # a stop: each worker ends after its clean-up
-            _stop_workers(processes)
-            raise
         if timings is not None:
             timings["workers"] = workers
             timings["seconds"] = time.perf_counter() - started
-            for k in range(workers):
-                try:
-                    steps = json.loads((Path(tmp) / f"timings-{k}.json").read_text())
-                except (OSError, ValueError):
-                    continue
+            for steps in step_lists:
                 for name, seconds in steps:
                     timings[name] = timings.get(name, 0.0) + seconds
     _record_attempts_without_grade(root, assignment, results, after_nbgrader=True)
     return status
 
 
+def _run_workers(
+    root: Path, commands: list[list[str]], verdicts: Path, tmp: Path, nice: int,
+    running: list | None,
+) -> tuple[int, list[list]]:  # fmt: skip
+    """One recording worker (``nbgrader_steps``) a command line, all at once: the
+    largest exit status, and each worker's steps with their seconds."""
+    from autograder.grading.nbgrader_bridge import VERDICTS
+
+    processes = []
+    for k, args in enumerate(commands):
+        processes.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "autograder.grading.recording.nbgrader_steps",
+                    "--timings",
+                    str(tmp / f"timings-{k}.json"),
+                    *(["--nice", str(nice)] if nice else []),
+                    *args,
+                ],
+                cwd=root,
+                env={**env_with_repo_on_path(), VERDICTS: str(verdicts)},
+            )  # fmt: skip
+        )
+        if running is not None:
+            running.append(processes[-1])
+    try:
+        status = max(_exit_status(process.wait()) for process in processes)
+    except KeyboardInterrupt:  # a stop: each worker ends after its clean-up
+        _stop_workers(processes)
+        raise
+    step_lists = []
+    for k in range(len(commands)):
+        try:
+            step_lists.append(json.loads((tmp / f"timings-{k}.json").read_text()))
+        except (OSError, ValueError):
+            continue
+    return status, step_lists
+
+
+def _exit_status(returncode: int) -> int:
+    """A worker's exit status as a shell gives it: 128 + N where signal N killed it."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+class RecordingWorker:
+    """One recording worker that stays up (``nbgrader_steps --serve``) and records one
+    run of students after another: Python and nbgrader start once, not once a run."""
+
+    def __init__(self, root: Path, nice: int = 0):
+        read, write = os.pipe()
+        try:
+            self.process = subprocess.Popen(
+                [
+                    sys.executable, "-m", "autograder.grading.recording.nbgrader_steps",
+                    *(["--nice", str(nice)] if nice else []), "--serve", str(write),
+                ],
+                cwd=root, env=env_with_repo_on_path(), stdin=subprocess.PIPE,
+                pass_fds=(write,), text=True,
+            )  # fmt: skip
+        except BaseException:
+            os.close(read)
+            raise
+        finally:
+            os.close(write)
+        self._replies = os.fdopen(read)
+
+    def run(self, argv: list[str], verdicts: Path) -> tuple[int, list]:
+        """Record with the steps of ``argv`` (as ``nbgrader_steps`` takes them): the
+        exit status (128 + N if signal N stopped the worker), and the steps' seconds."""
+        request = json.dumps({"argv": argv, "verdicts": str(verdicts)})
+        try:
+            self.process.stdin.write(request + "\n")
+            self.process.stdin.flush()
+            line = self._replies.readline()
+        except OSError:  # it ended: a stop, or killed
+            line = ""
+        except KeyboardInterrupt:  # a stop: the worker ends after its clean-up
+            _stop_workers([self.process])
+            raise
+        if not line:
+            return self.close() or 1, []
+        reply = json.loads(line)
+        return reply["status"], reply["timings"]
+
+    def close(self) -> int:
+        """No more runs: the worker's exit status once it has ended."""
+        try:
+            self.process.stdin.close()
+        except OSError:
+            pass
+        status = _exit_status(self.process.wait())
+        self._replies.close()
+        return status
+
+
 # Recording starts beside the grading once this many students, next in id order, are
-# graded: each run of them costs a worker's start (about 2 s of CPU), and whatever is
+# graded: each run of them costs a request to the worker that stays up, and whatever is
 # left when the grading ends is recorded after it, while nothing else runs.
 RECORD_AHEAD_AT = 20
 RECORD_AHEAD_NICE = 10
@@ -635,9 +724,9 @@ class RecordingAhead:
     """Records a class while it is still being graded, in the time the grading leaves
     idle: a kernel waits on its own start and end, on the jail and on the hidden tests'
     hand-over, and a core stands idle while a slow notebook sleeps. One recording worker
-    at a time (:func:`record`, one process, at a lower CPU priority) takes the students
-    graded since it last took some, once there are ``at`` of them; what is left when the
-    grading ends is recorded as before, on every worker.
+    that stays up for the run (:class:`RecordingWorker`, at a lower CPU priority) takes
+    the students graded since it last took some, once there are ``at`` of them; what is
+    left when the grading ends is recorded as before, on every worker.
 
     It starts once the assignment is in the gradebook (``entering``). Before its first
     recording it reads each student's previous grade (:attr:`previous`, for the
@@ -658,6 +747,7 @@ class RecordingAhead:
         self.recorded: set[str] = set()  # handed to a recording worker that ended
         self.previous: dict[str, dict] | None = None
         self.status, self.timings, self.running = 0, {}, []
+        self.worker: RecordingWorker | None = None  # started at its first recording
         self.entered: list[str] = []  # students it created in the gradebook
         self.taking: set[str] = set()  # handed to the recording worker running now
         self.begun = threading.Event()  # :attr:`previous` read, the students entered
@@ -699,9 +789,12 @@ class RecordingAhead:
             finally:
                 self.begun.set()
             try:
+                if self.worker is None:
+                    self.worker = RecordingWorker(self.root, RECORD_AHEAD_NICE)
+                    self.running.append(self.worker.process)
                 status = record(
                     self.root, self.assignment, taken, True, 1, self.feedback,
-                    self.timings, nice=RECORD_AHEAD_NICE, running=self.running,
+                    self.timings, worker=self.worker,
                 )  # fmt: skip
             except Exception as exc:  # noqa: BLE001 (they are recorded after the grading)
                 print(
@@ -732,9 +825,11 @@ class RecordingAhead:
         return taking
 
     def close(self) -> None:
-        """Take no more; wait for the recording under way."""
+        """Take no more; wait for the recording under way, and for its worker to end."""
         self.finish()
         self._thread.join()
+        if self.worker is not None:
+            self.worker.close()
 
     def tidy(self) -> None:
         """Once every student is recorded: no student entered here without a grade."""

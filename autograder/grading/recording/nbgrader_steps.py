@@ -2,12 +2,21 @@
 CMD ...`` runs it::
 
     python -m autograder.grading.recording.nbgrader_steps [--timings FILE] [--nice N] CMD ARGS... [--then CMD ARGS...]
+    python -m autograder.grading.recording.nbgrader_steps [--nice N] --serve FD
 
 Run in the course root (nbgrader reads its ``nbgrader_config.py`` there). ``python -m
 autograder autograde`` starts one per worker: ``autograde`` over the worker's part of the
 class, then, with ``--feedback``, ``generate_feedback`` over the same part; so Python and
 nbgrader start once per worker, not once per command. Each command runs as nbgrader's own
 test suite runs it in one process (``NbGraderApp.initialize``, ``start``, ``reset``).
+
+With ``--serve FD`` the worker stays up for one command line after another: each line of
+its standard input is a request (JSON: ``argv``, the steps as above, and ``verdicts``, the
+results file ``nbgrader_bridge.VERDICTS`` names for them), and each reply (JSON:
+``status``, ``timings``) is a line written to file descriptor FD. It ends at the end of its
+input, or after a request that was stopped. The recording beside the grading
+(``RecordingAhead``) sends each run of students to one such worker, so that Python and
+nbgrader start once for the class, not once per run.
 
 A later command still runs after one that exits 1 (nbgrader's status when one notebook of
 many could not be read: the others were recorded); none runs after status 3 (the jail
@@ -26,6 +35,7 @@ import sys
 import time
 
 THEN = "--then"
+SERVE = "--serve"
 JAIL_CANNOT_START = 3
 
 
@@ -109,16 +119,30 @@ def main(argv: list[str]) -> int:
 
     schema_once.install()
     gradebook_once.install()
-    timings_file = None
+    timings_file = serve_fd = None
     if argv[:1] == ["--timings"]:
         timings_file, argv = argv[1], argv[2:]
     if argv[:1] == ["--nice"]:  # recording beside the grading: its idle time only
         os.nice(int(argv[1]))
         argv = argv[2:]
+    if argv[:1] == [SERVE]:
+        serve_fd, argv = int(argv[1]), argv[2:]
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, _stop_once)
     if os.environ.get(STOP_AT):
         _arm_stop_points()
+    if serve_fd is not None:
+        return serve(sys.stdin, serve_fd)
+    status, timings = run_steps(argv)
+    if timings_file:
+        with open(timings_file, "w") as f:
+            json.dump(timings, f)
+    return status
+
+
+def run_steps(argv: list[str]) -> tuple[int, list[tuple[str, float]]]:
+    """Each step of ``argv`` in turn: the largest exit status (128 + the signal's number
+    if the worker was stopped), and each step's seconds."""
     status, timings = 0, []
     for args in steps(argv):
         started = time.perf_counter()
@@ -133,15 +157,32 @@ def main(argv: list[str]) -> int:
                 file=sys.stderr,
                 flush=True,
             )
-            return 128 + signum
+            return 128 + signum, timings
         timings.append((args[0], round(time.perf_counter() - started, 3)))
         status = max(status, step_status)
         if step_status == JAIL_CANNOT_START:
             break
-    if timings_file:
-        with open(timings_file, "w") as f:
-            json.dump(timings, f)
-    return status
+    return status, timings
+
+
+def serve(requests, reply_fd: int) -> int:
+    """One request a line of ``requests``, each reply a line to ``reply_fd``; the status
+    of a stopped request, or 0 at the end of the requests."""
+    from autograder.grading.nbgrader_bridge import VERDICTS
+
+    with os.fdopen(reply_fd, "w") as replies:
+        try:
+            for line in requests:
+                request = json.loads(line)
+                os.environ[VERDICTS] = request["verdicts"]
+                status, timings = run_steps(request["argv"])
+                replies.write(json.dumps({"status": status, "timings": timings}) + "\n")
+                replies.flush()
+                if status >= 128:
+                    return status
+        except KeyboardInterrupt as stop:  # stopped between requests: nothing half done
+            return 128 + getattr(stop, "signum", signal.SIGINT)
+    return 0
 
 
 def exit_now(status: int) -> None:

@@ -129,12 +129,15 @@ _RENDERED: dict[tuple, _Rendered] = {}
 _KEEP, _KEEP_CHARS = 4096, 50_000
 
 
-def _keep(key: tuple, rendered: _Rendered) -> None:
+_HIGHLIGHTED: dict[tuple, str] = {}  # answers highlighted in this process, likewise
+
+
+def _keep_bounded(kept: dict, key: tuple, value) -> None:
     if len(key[0]) > _KEEP_CHARS:
         return
-    if len(_RENDERED) >= _KEEP:
-        del _RENDERED[next(iter(_RENDERED))]
-    _RENDERED[key] = rendered
+    if len(kept) >= _KEEP:
+        del kept[next(iter(kept))]
+    kept[key] = value
 
 
 class FeedbackExporter(HTMLExporter):
@@ -158,10 +161,19 @@ class FeedbackExporter(HTMLExporter):
 
     def highlight_answers(self, source, language=None, metadata=None):
         """The student's answers highlighted; the chapter's own code as plain text, which
-        is what keeps a page small (highlighting makes each token an element)."""
-        if (metadata or {}).get("nbgrader", {}).get("solution"):
-            return self._highlight(source, language, metadata)
-        return f'<div class="highlight"><pre>{html.escape(source, quote=False)}</pre></div>'
+        is what keeps a page small (highlighting makes each token an element). An answer
+        many hand in alike (an untouched stub) is highlighted once per process."""
+        metadata = metadata or {}
+        if not metadata.get("nbgrader", {}).get("solution"):
+            escaped = html.escape(source, quote=False)
+            return f'<div class="highlight"><pre>{escaped}</pre></div>'
+        # all the highlighting reads: the source, its language, a magic's language
+        key = (source, language, metadata.get("magics_language"))
+        highlighted = _HIGHLIGHTED.get(key)
+        if highlighted is None:
+            highlighted = self._highlight(source, language, metadata)
+            _keep_bounded(_HIGHLIGHTED, key, highlighted)
+        return highlighted
 
     def default_filters(self):
         yield from super().default_filters()
@@ -196,7 +208,8 @@ class FeedbackExporter(HTMLExporter):
         before = (math.converted, math.as_text)
         page = self._render_markdown(context, cell, source)
         if key is not None and math.converted <= tex_math.PAGE_BUDGET:
-            _keep(
+            _keep_bounded(
+                _RENDERED,
                 key,
                 _Rendered(page, math.converted - before[0], math.as_text - before[1]),
             )

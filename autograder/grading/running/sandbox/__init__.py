@@ -57,6 +57,7 @@ import site
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -224,6 +225,7 @@ class Sandbox:
         """Start the jail's warm process; with ``wait``, wait until it is ready (else
         call :meth:`ready` before the first kernel: the process preloads PyTorch
         meanwhile, for a few seconds of one core)."""
+        self.created = time.perf_counter()
         self.limits = limits or Limits()
         self._ready_timeout, self._started = ready_timeout, False
         # the attention guard, built before the jail: without it nothing is graded
@@ -275,6 +277,14 @@ class Sandbox:
         )
         if wait:
             self.ready()
+
+    @classmethod
+    def for_notebooks(cls, paths, limits: Limits) -> Sandbox:
+        """The jail for grading ``paths`` (their folders hidden from the kernels), its
+        warm process started and not waited for: it preloads PyTorch on one core while
+        the grader loads its tests on another."""
+        folders = sorted({Path(p).resolve().parent for p in paths})
+        return cls(limits, hide=folders, wait=False)
 
     def ready(self) -> None:
         """Wait until the warm process has preloaded; raises ``SandboxUnavailable``

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import importlib.util
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -61,13 +63,19 @@ def _cache_root() -> Path:
 
 
 def _key() -> str:
-    import torch
-
+    """The guard's source, this Python and this PyTorch build (its ``version.py``: the
+    version, CUDA's and the commit), read without importing PyTorch, which takes seconds
+    and would hold back the jail's warm process (``Sandbox``)."""
+    spec = importlib.util.find_spec("torch")
+    if spec is None or spec.origin is None:
+        raise GuardUnavailable("PyTorch is not installed; nothing is graded without it")
+    build = (Path(spec.origin).parent / "version.py").read_text()
+    version = re.search(r"""^__version__\s*=\s*['"]([^'"]+)['"]""", build, re.M)
     digest = hashlib.sha256(SOURCE.read_bytes())
-    digest.update(torch.__version__.encode())
-    digest.update(str(torch.version.cuda).encode())
+    digest.update(build.encode())
     digest.update(sys.version.encode())
-    return f"torch-{torch.__version__.replace('+', '_')}-{digest.hexdigest()[:16]}"
+    name = version.group(1).replace("+", "_") if version else "unknown"
+    return f"torch-{name}-{digest.hexdigest()[:16]}"
 
 
 def library_path() -> Path:
