@@ -280,10 +280,11 @@ def grade_class(
 
     watcher = threading.Thread(target=watch, daemon=True)
     paths = [notebooks[s] for s in students]
-    # the jail's warm process preloads PyTorch (seconds) on one core while this process
-    # imports it with the grader on another: started before that import, not after
-    sandbox = Sandbox.for_notebooks(paths, limits)
+    sandbox = None
     try:
+        # the jail's warm process preloads PyTorch (seconds) on one core while this
+        # process imports it with the grader on another: started before that import
+        sandbox = Sandbox.for_notebooks(paths, limits)
         from autograder.grading.grade import grade_many
 
         if progress:
@@ -295,7 +296,8 @@ def grade_class(
             )
         )  # fmt: skip
     except BaseException:
-        sandbox.close()  # closed already where grade_many began
+        if sandbox is not None:
+            sandbox.close()  # closed already where grade_many began
         raise
     finally:
         done.set()
