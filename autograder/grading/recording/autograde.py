@@ -695,9 +695,6 @@ class RecordingWorker:
             line = self._replies.readline()
         except OSError:  # it ended: a stop, or killed
             line = ""
-        except KeyboardInterrupt:  # a stop: the worker ends after its clean-up
-            _stop_workers([self.process])
-            raise
         if not line:
             return self.close() or 1, []
         reply = json.loads(line)
