@@ -9,7 +9,13 @@
 - ``course``: nbgrader's course root (its config, ``source/``, ``release/``, the gradebook).
 """
 
+import os
 import sys
+
+# The grader computes on CPU tensors, so chapter 11's Triton kernels (the reference's and
+# the known mistakes') run in Triton's interpreter, on a machine with a GPU too. Triton
+# reads this once, when it is first imported: here, before anything of ours imports it.
+os.environ["TRITON_INTERPRET"] = "1"
 
 # jsonschema, which nbformat imports, imports rfc3987-syntax (Jupyter's extras install it)
 # for its "iri" formats, and that package builds an Earley parser as it is imported:

@@ -8,6 +8,8 @@ more, so an instructor can test a machine before the deadline.
 
 from __future__ import annotations
 
+import importlib.util
+
 import nbformat
 
 from autograder.grading.judging.judge import verdict
@@ -48,12 +50,49 @@ def scaled_dot_product_attention(q, k, v, mask=None):
 """
 
 
+# Chapter 11's kernels run in Triton's interpreter in the jail: a kernel there must call
+# Triton's own library functions (``tl.sum`` and friends are ``@triton.jit`` functions,
+# made when Triton is imported, so compiled-mode ones if it was imported with the
+# interpreter off). Proven where Triton is installed; where it is not, chapter 11 is not
+# graded at all (``grade.missing_requirement``).
+TRITON_CANARY = """
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def canary_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offsets = tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offsets, mask=offsets < n, other=0.0)
+    tile = tl.zeros((BLOCK,), tl.float32) + x
+    tl.store(out_ptr, tl.sum(tile, 0))
+    tl.store(out_ptr + 1, tl.max(tile, 0))
+    tl.store(out_ptr + 2, tl.cdiv(n, 2) + 0.0)
+
+
+x, out = torch.arange(1.0, 6.0), torch.zeros(3)
+canary_kernel[(1,)](x, out, 5, BLOCK=8)
+assert out.tolist() == [15.0, 5.0, 3.0], f"the kernel computed {out.tolist()}"
+"""
+TRITON_FAULT = (
+    "Triton's interpreter does not run kernels in the jail ({error}). Nothing was graded "
+    "and no grade was recorded: chapter 11's answers would be judged wrong through no "
+    "fault of theirs. Please report it with this message."
+)
+
+
+def _with_triton() -> bool:
+    return importlib.util.find_spec("triton") is not None
+
+
 def prove(sandbox, limits: Limits | None = None) -> None:
-    """Raise ``SandboxUnavailable`` unless a canary submission is graded right."""
+    """Raise ``SandboxUnavailable`` unless a canary submission is graded right (and,
+    where Triton is installed, a Triton kernel runs in its interpreter in the jail)."""
     limits = limits or sandbox.limits
     tests = load_chapter_tests(CHAPTER)
     prepared = prepare(tests, [tests.test(t) for t in TESTS], seed=0)
-    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(CANARY)])
+    sources = [CANARY, TRITON_CANARY] if _with_triton() else [CANARY]
+    nb = nbformat.v4.new_notebook(cells=list(map(nbformat.v4.new_code_cell, sources)))
     with sandbox.kernel() as (km, workdir):
         got, run = run_notebook(nb, prepared, km, workdir, limits)
         end = sandbox.end(km, workdir)
@@ -70,6 +109,8 @@ def prove(sandbox, limits: Limits | None = None) -> None:
         problem = f"the canary kernel died (signal {end.signal}, exit {end.exit_code})"
     elif run.grader_fault:
         problem = f"the canary's tests could not run: {run.grader_fault}"
+    elif run.errors and run.errors[0].startswith("code cell 2:"):
+        raise SandboxUnavailable(TRITON_FAULT.format(error=run.errors[0]))
     elif run.errors:
         problem = f"the canary cell failed: {run.errors[0]}"
     elif not all(f.passed for f in found):

@@ -67,6 +67,7 @@ from jupyter_client.manager import AsyncKernelManager
 from jupyter_core.utils import run_sync
 
 from autograder.grading.running.limits import Limits
+from autograder.grading.running.sandbox import zygote
 from autograder.grading.running.sandbox.kernel_link import ZygoteKernel
 from autograder.grading.running.sandbox.ready import ReadyClient
 from autograder.grading.sealed import guard
@@ -260,12 +261,8 @@ class Sandbox:
             "watch_period": self.limits.watch_period,
             "guard": self.guard,
         }
-        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-        env["MPLBACKEND"] = "Agg"
-        # glibc reserves 64 MB of address space per malloc arena and adds arenas under
-        # contention (a loaded machine): kernels forked from here would drift towards
-        # RLIMIT_AS and fail with MemoryError through no fault of the submission
-        env["MALLOC_ARENA_MAX"] = "2"
+        # settled here, before the warm process imports anything: never the grader's own
+        env = zygote.warm_environment(config, os.environ)
         self.process = subprocess.Popen(
             [sys.executable, str(_HERE / "zygote.py"), self.socket, json.dumps(config)],
             stdin=subprocess.DEVNULL,

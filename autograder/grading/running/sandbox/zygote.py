@@ -265,6 +265,11 @@ def apply_limits(config):
 
 
 def kernel_environment(config):
+    """The environment a kernel runs with, and (with ``warm_environment``'s places) the
+    one the warm process starts with: what a package reads once, as it is imported
+    (Triton's interpreter switch, the thread count), is settled before the preload, so
+    every kernel forked from it sees what it is documented to see, whatever the grader's
+    own environment held."""
     return {
         "PATH": os.pathsep.join(config["path"]),
         "HOME": "/submission",
@@ -278,6 +283,34 @@ def kernel_environment(config):
         # the hidden tests pass CPU tensors: Triton kernels run in its interpreter
         "TRITON_INTERPRET": "1",
     }
+
+
+# Where the warm process, which runs outside the jail, finds the grader's machine: its
+# home (user site-packages, caches), temporary folder and library path. Nothing else of
+# the grader's environment reaches it.
+_PLACES = (
+    "HOME",
+    "TMPDIR",
+    "XDG_CACHE_HOME",
+    "XDG_CONFIG_HOME",
+    "MPLCONFIGDIR",
+    "PYTHONUSERBASE",
+    "LD_LIBRARY_PATH",
+)
+
+
+def warm_environment(config, grader_environment):
+    """The warm process's environment: the kernel's (``kernel_environment``), with the
+    grader's places (``_PLACES``) where the kernel's name places inside the jail."""
+    env = kernel_environment(config)
+    for name in ("HOME", "TMPDIR", "MPLCONFIGDIR", "IPYTHONDIR"):
+        del env[name]  # places inside the jail, which the warm process is not in
+    env.update({k: v for k, v in grader_environment.items() if k in _PLACES})
+    # glibc reserves 64 MB of address space per malloc arena and adds arenas under
+    # contention (a loaded machine): kernels forked from here would drift towards
+    # RLIMIT_AS and fail with MemoryError through no fault of the submission
+    env["MALLOC_ARENA_MAX"] = "2"
+    return env
 
 
 def run_kernel(request, config):
