@@ -23,6 +23,7 @@ import urllib.request
 from pathlib import Path
 
 from autograder import paths
+from tests.notebooks import user_environment
 from tests.shared_machine import Users
 
 CHP = "configurable-http-proxy"
@@ -168,7 +169,7 @@ def formgrader_autograde(
     run = subprocess.run(
         [sys.executable, "-c", _FORMGRADER, level, assignment, *students], cwd=root,
         capture_output=True, text=True, timeout=600,
-        env={**os.environ, "PYTHONPATH": str(paths.REPO)},
+        env=user_environment(PYTHONPATH=str(paths.REPO)),
     )  # fmt: skip
     if run.returncode != 0:
         raise RuntimeError(run.stderr[-3000:])

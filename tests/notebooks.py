@@ -1,6 +1,8 @@
 """Notebooks for the tests and benchmarks: the derived notebooks, student notebooks
 answered right or wrong, and running or grading them."""
 
+import functools
+import getpass
 import subprocess
 import sys
 from collections.abc import Callable
@@ -119,6 +121,27 @@ def gradebook_entries(root: Path, chapter: str, students) -> dict[str, dict]:
 QUICK_LIMITS = ("--startup-timeout", "20", "--test-timeout", "5")
 
 
+@functools.cache
+def login_environment() -> dict[str, str]:
+    """What a fresh login shell of this user has, and nothing of the test process's own
+    environment (which importing the course's solutions changes: chapter 11's sets
+    ``TRITON_INTERPRET``)."""
+    shell = subprocess.run(
+        ["env", "-i", f"HOME={Path.home()}", f"USER={getpass.getuser()}",
+         "bash", "-l", "-c", "env -0"],
+        capture_output=True, check=True, timeout=60,
+    )  # fmt: skip
+    pairs = (entry.split("=", 1) for entry in shell.stdout.decode().split("\0"))
+    return {p[0]: p[1] for p in pairs if len(p) == 2 and p[0] not in ("_", "PWD")}
+
+
+def user_environment(**extra: str) -> dict[str, str]:
+    """The environment a user's command starts with (``login_environment``), plus
+    ``extra``: the grader, the class run, nbgrader and the services are started with
+    this in the tests, never with the test process's own environment."""
+    return {**login_environment(), **extra}
+
+
 def run_python(code: str, timeout=300, **kwargs):
     """``python -c CODE`` in the repository, in a process of its own (a module blocked,
     an environment changed), its output captured as text."""
@@ -136,6 +159,7 @@ def grade_cli(*args, timeout=600):
         capture_output=True,
         text=True,
         timeout=timeout,
+        env=user_environment(),
     )
 
 

@@ -4,7 +4,6 @@
 import csv
 import datetime
 import json
-import os
 import re
 import shutil
 import sqlite3
@@ -25,6 +24,7 @@ from tests.notebooks import (
     gradebook_entries,
     release_notebook,
     student_notebook,
+    user_environment,
 )
 
 pytestmark = pytest.mark.slow
@@ -79,7 +79,7 @@ def _course(root, stamped=True):
 def _run(cwd, *args, status=0):
     run = subprocess.run(
         [sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=900,
-        env={**os.environ, "PYTHONPATH": str(paths.REPO)},
+        env=user_environment(PYTHONPATH=str(paths.REPO)),
     )  # fmt: skip
     assert run.returncode == status, run.stdout[-3000:] + run.stderr[-3000:]
     return run
@@ -453,7 +453,7 @@ def test_a_course_root_that_cannot_load_the_grader_records_nothing(tmp_path):
     instead (exit 3), before anything is graded. Here the course root lies outside the
     repository and nothing puts the grader on the path."""
     root = _course(tmp_path / "course")
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env = user_environment()
     run = subprocess.run(
         [sys.executable, "-m", "nbgrader", "autograde", CHAPTER],
         cwd=root, capture_output=True, text=True, timeout=600, env=env,

@@ -28,6 +28,7 @@ from tests.notebooks import (
     gradebook_entries,
     release_notebook,
     student_notebook,
+    user_environment,
 )
 
 pytestmark = pytest.mark.slow
@@ -49,7 +50,7 @@ def _start(*args, stop_at=None, ahead_at=None):
     job, a scheduler's job step); ``ahead_at``: recording beside the grading starts
     once that many are graded (``autograde.RecordingAhead``; by default a class this
     small is recorded after the grading)."""
-    env = {**os.environ, "PYTHONPATH": str(paths.REPO)}
+    env = user_environment(PYTHONPATH=str(paths.REPO))
     if stop_at:
         env[STOP_AT] = stop_at
     if ahead_at:
@@ -125,7 +126,7 @@ def _gradebook(root):
 def _export(root):
     run = subprocess.run(
         [sys.executable, "-m", "nbgrader", "export"], cwd=root, capture_output=True,
-        text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(paths.REPO)},
+        text=True, timeout=300, env=user_environment(PYTHONPATH=str(paths.REPO)),
     )  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]
     return (root / "grades.csv").read_text()

@@ -3,7 +3,9 @@ filled-in notebook earns full marks and runs without a problem (its ``demo`` cel
 training runs and benchmarks, are skipped), and the untouched student notebook earns zero.
 
 One batch holds both notebooks of every chapter, without ``--assignment``: the grader
-recognises each chapter from its cells.
+recognises each chapter from its cells. The grader is started from a login shell's
+environment, never the test process's own (``test_grader_environment`` shows this test
+failing on a jail that imported Triton with its interpreter off).
 """
 
 import json
@@ -13,7 +15,13 @@ import sys
 import pytest
 
 from autograder import paths
-from tests.notebooks import CHAPTERS, release_notebook, student_notebook, write
+from tests.notebooks import (
+    CHAPTERS,
+    release_notebook,
+    student_notebook,
+    user_environment,
+    write,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -36,6 +44,7 @@ def graded(tmp_path_factory) -> dict[tuple[str, str], dict]:
         capture_output=True,
         text=True,
         timeout=1800,
+        env=user_environment(),  # a fresh shell's, as an instructor starts it
     )
     assert run.returncode == 0, run.stderr[-3000:]
     results = [json.loads(line) for line in run.stdout.splitlines()]

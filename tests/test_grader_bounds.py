@@ -7,7 +7,6 @@ an oversized or malformed one costs only the affected tests, with a message. Fee
 pages are sanitised (``safe_feedback.py``), checked in headless Chromium."""
 
 import json
-import os
 import random
 import shutil
 import subprocess
@@ -24,7 +23,12 @@ from autograder.grading.judging.prepare import prepare
 from autograder.grading.judging.spec import load_chapter_tests
 from autograder.grading.running.student_code import StudentCode
 from tests.browser import Browser, Site
-from tests.notebooks import student_notebook, with_extra_cell, write
+from tests.notebooks import (
+    student_notebook,
+    user_environment,
+    with_extra_cell,
+    write,
+)
 
 CHAPTER = "03_self_attention"
 HUGE_ERROR = 20_000_000  # characters of a forged error message
@@ -92,7 +96,7 @@ def _grade_and_measure(path):
     run = subprocess.run(
         [sys.executable, "-c", GRADE_AND_MEASURE, str(path), CHAPTER],
         cwd=paths.REPO, capture_output=True, text=True, timeout=600,
-        env={**os.environ, "PYTHONPATH": str(paths.REPO)},
+        env=user_environment(PYTHONPATH=str(paths.REPO)),
     )  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]
     return json.loads(run.stdout.splitlines()[-1])
@@ -285,7 +289,7 @@ def feedback(tmp_path_factory):
     def nbgrader(*args):
         run = subprocess.run(
             [sys.executable, "-m", "nbgrader", *args], cwd=root, capture_output=True,
-            text=True, timeout=900, env={**os.environ, "PYTHONPATH": str(paths.REPO)},
+            text=True, timeout=900, env=user_environment(PYTHONPATH=str(paths.REPO)),
         )  # fmt: skip
         assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
 

@@ -25,6 +25,7 @@ from tests.notebooks import (
     release_notebook,
     run_cells,
     student_notebook,
+    user_environment,
     write,
 )
 
@@ -138,7 +139,7 @@ def test_the_python_installation_may_live_anywhere(tmp_path, where):
         run = subprocess.run(
             [str(python), "-c", _IMPORTS_IN_JAIL],
             cwd=paths.REPO, capture_output=True, text=True, timeout=300,
-            env={**os.environ, "PYTHONPATH": str(paths.REPO)},
+            env=user_environment(PYTHONPATH=str(paths.REPO)),
         )  # fmt: skip
     finally:
         if where == "repo":
@@ -164,7 +165,7 @@ def test_the_users_own_site_packages_are_seen(tmp_path):
     run = subprocess.run(
         [sys.executable, "-c", script], cwd=paths.REPO, capture_output=True, text=True,
         timeout=300,
-        env={**os.environ, "PYTHONPATH": str(paths.REPO), "PYTHONUSERBASE": str(tmp_path / "userbase")},
+        env=user_environment(PYTHONPATH=str(paths.REPO), PYTHONUSERBASE=str(tmp_path / "userbase")),
     )  # fmt: skip
     assert run.returncode == 0, run.stderr[-2000:]
     assert "jailed user site" in run.stdout
@@ -222,7 +223,7 @@ def test_an_ordinary_users_grader_leaves_no_kernel_directory_behind():
         ["unshare", "--user", "--map-user=1000", "--map-group=1000", sys.executable,
          "-c", _LOCKED_KERNEL_DIR],
         cwd=paths.REPO, capture_output=True, text=True, timeout=300,
-        env={**os.environ, "PYTHONPATH": str(paths.REPO)},
+        env=user_environment(PYTHONPATH=str(paths.REPO)),
     )  # fmt: skip
     assert run.returncode == 0, run.stderr[-2000:]
     assert run.stdout.split() == ["removed", "removed"], run.stdout

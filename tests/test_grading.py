@@ -1,7 +1,6 @@
 """End to end: the grading command on real notebooks, good, wrong, broken and hostile."""
 
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -16,6 +15,7 @@ from tests.notebooks import (
     release_notebook,
     scores_by_test,
     student_notebook,
+    user_environment,
     with_extra_cell,
     write,
 )
@@ -305,7 +305,7 @@ def test_nbgrader_workflow(tmp_path):
     root.mkdir()
     shutil.copy(paths.COURSE_ROOT / "nbgrader_config.py", root)
     shutil.copytree(paths.COURSE_ROOT / "source", root / "source")
-    env = {**os.environ, "PYTHONPATH": str(paths.REPO)}
+    env = user_environment(PYTHONPATH=str(paths.REPO))
 
     def nbgrader(*args):
         run = subprocess.run(

@@ -15,7 +15,13 @@ from autograder import paths
 from autograder.grading.grade import grade_many, restored
 from autograder.grading.judging.spec import load_chapter_tests
 from autograder.grading.running.student_code import StudentCode, is_course_cell
-from tests.notebooks import CHAPTERS, honest_notebook, student_notebook, write
+from tests.notebooks import (
+    CHAPTERS,
+    honest_notebook,
+    student_notebook,
+    user_environment,
+    write,
+)
 
 NBGRADER_CHAPTER = "08_efficient_attention"
 
@@ -130,7 +136,7 @@ def test_an_honest_tinkerer_earns_full_marks_through_nbgrader(tmp_path):
     folder = root / "submitted" / "alice" / NBGRADER_CHAPTER
     folder.mkdir(parents=True)
     write(honest_notebook(NBGRADER_CHAPTER), folder / f"{NBGRADER_CHAPTER}.ipynb")
-    env = {**os.environ, "PYTHONPATH": str(paths.REPO)}
+    env = user_environment(PYTHONPATH=str(paths.REPO))
     for args in (
         ("db", "student", "add", "alice"),
         ("generate_assignment", NBGRADER_CHAPTER, "--force"),

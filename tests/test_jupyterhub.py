@@ -35,6 +35,7 @@ import pytest
 from nbgrader.api import Gradebook
 
 from autograder import paths
+from tests.notebooks import user_environment
 from tests.shared_machine import (
     ON_THIS_MACHINE,
     CourseOnMachine,
@@ -681,7 +682,7 @@ def test_formgraders_log_holds_student_code_only_at_debug(tmp_path):
         subprocess.run(
             [sys.executable, "-m", "nbgrader", "generate_assignment", CHAPTER],
             cwd=root, check=True, capture_output=True, timeout=300,
-            env={**os.environ, "PYTHONPATH": str(paths.REPO)},
+            env=user_environment(PYTHONPATH=str(paths.REPO)),
         )  # fmt: skip
         (shown[level],) = formgrader_autograde(root, CHAPTER, ["s1"], level).values()
         assert shown[level]["success"], shown[level].get("log", "")[-3000:]

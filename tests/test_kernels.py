@@ -523,3 +523,18 @@ def test_the_grader_runs_triton_in_its_interpreter_on_any_machine():
     )
     run = run_python(code)
     assert run.stdout.strip() == "1", run.stderr[-2000:]
+
+
+def test_a_stub_kernel_is_described_as_not_implemented():
+    """Triton's interpreter wraps what a kernel raises (``InterpreterError``): the
+    feedback still says the stub was not written, not that the interpreter failed."""
+    from autograder.grading.sealed import probe
+
+    @triton.jit
+    def stub_kernel(x_ptr, BLOCK: tl.constexpr):
+        raise NotImplementedError
+
+    with pytest.raises(Exception) as raised:
+        stub_kernel[(1,)](torch.zeros(4), BLOCK=4)
+    assert type(raised.value).__name__ == "InterpreterError"
+    assert probe.NOT_IMPLEMENTED in probe._describe(raised.value)

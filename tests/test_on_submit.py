@@ -24,6 +24,7 @@ from tests.notebooks import (
     class_course,
     release_notebook,
     student_notebook,
+    user_environment,
     with_extra_cell,
     write,
 )
@@ -186,7 +187,7 @@ class Course:
             [sys.executable, "-m", "autograder", "serve-submissions", "--once",
              "--course-dir", str(self.root), "--jobs", "2", "--cell-timeout", "15"],
             capture_output=True, text=True, timeout=400,
-            env={**os.environ, "PYTHONPATH": str(paths.REPO)},
+            env=user_environment(PYTHONPATH=str(paths.REPO)),
         )  # fmt: skip
         assert done.returncode == 0, done.stderr[-4000:]
         self.logs.append(done.stderr)

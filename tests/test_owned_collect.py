@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from autograder import paths
-from tests.notebooks import class_course
+from tests.notebooks import class_course, user_environment
 
 CH = "03_self_attention"
 # three logins every Linux has; the test makes their files, it never runs as them
@@ -43,7 +43,7 @@ def _collect(root, exchange, *args):
         [sys.executable, "-m", "nbgrader", "collect", CH, *args,
          f"--Exchange.root={exchange}"],
         cwd=root, capture_output=True, text=True, timeout=120,
-        env={**os.environ, "PYTHONPATH": str(paths.REPO)},
+        env=user_environment(PYTHONPATH=str(paths.REPO)),
     )  # fmt: skip
 
 

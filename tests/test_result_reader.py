@@ -15,6 +15,7 @@ from autograder import paths
 from autograder.grading.judging import outcomes
 from autograder.grading.sealed import probe, result_reader
 from autograder.grading.sealed.result_reader import Budget, decode, read_file
+from tests.notebooks import user_environment
 
 MB = 2**20
 
@@ -145,7 +146,7 @@ def test_a_256_mb_result_leaves_the_graders_memory_within_its_bound(tmp_path):
     run = subprocess.run(
         [sys.executable, "-c", MEASURE, str(tmp_path)],
         cwd=paths.REPO, capture_output=True, text=True, timeout=300,
-        env={**os.environ, "PYTHONPATH": str(paths.REPO)},
+        env=user_environment(PYTHONPATH=str(paths.REPO)),
     )  # fmt: skip
     assert run.returncode == 0, run.stderr
     grown_mb = float(run.stdout.split()[-1])

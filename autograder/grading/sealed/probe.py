@@ -97,6 +97,9 @@ NOT_IMPLEMENTED = (
 
 
 def _describe(exc):
+    # Triton's interpreter wraps what a kernel raised (a stub's NotImplementedError too)
+    while type(exc).__name__ == "InterpreterError" and exc.__cause__ is not None:
+        exc = exc.__cause__
     if isinstance(exc, NotImplementedError):
         return (
             f"NotImplementedError: {NOT_IMPLEMENTED} (the stub still raises "
