@@ -35,11 +35,7 @@ def main() -> None:
     reference = vars(tests.reference())
     kernels = {
         "reference": reference,
-        "independent": {
-            **reference,
-            "flash_attention_triton": test_kernels._independent_flash,
-            "FlashAttentionTriton": test_kernels._IndependentFunction,
-        },
+        "independent": {**reference, **test_kernels.INDEPENDENT},
     }
     multiple, share = defaultdict(float), defaultdict(float)
     for seed in range(seeds):
@@ -57,7 +53,7 @@ def main() -> None:
                         strict=True,
                     )
                     for j, (name, mine, truth, budget) in enumerate(pairs):
-                        rule = preparing._rule(c, j)
+                        rule = preparing._rule(p.test, c, j)
                         float32 = (budget - rule.floor) / rule.factor
                         error = preparing._largest_error(mine, truth)
                         key = (who, name)

@@ -280,6 +280,9 @@ def test_release_and_check_print_the_version_and_digests(monkeypatch, capsys):
         def __init__(self, *args, **kwargs):
             raise sandbox.SandboxUnavailable("no jail in this test")
 
+    # imported before the patch: a module that imports Sandbox by name while it is
+    # patched would keep NoJail for the rest of the session
+    from autograder.grading import grade  # noqa: F401
     from autograder.grading.check import check
 
     monkeypatch.setattr(sandbox, "Sandbox", NoJail)

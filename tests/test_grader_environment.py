@@ -58,7 +58,8 @@ def test_a_jail_whose_triton_is_compiled_grades_nothing(monkeypatch, tmp_path):
             preflight.prove(sandbox)
     filled = write(student_notebook(CHAPTER), tmp_path / "filled.ipynb")
     monkeypatch.setattr(preflight, "prove", lambda *args: None)
-    (result,) = grade_many([filled], CHAPTER, seed=1)
+    jail = Sandbox.for_notebooks([filled], Limits())  # as the class run starts it
+    (result,) = grade_many([filled], CHAPTER, seed=1, sandbox=jail)
     assert result["max_score"] > 0 and result["score"] == 0
     assert "outside of the scope of a kernel" in json.dumps(result["tests"])
 

@@ -203,7 +203,8 @@ _LOG2E = 1.4426950408889634
 def _indep_fwd(
     Q, K, V, Out, LSE, n_q, n_k, sm_scale,
     D: tl.constexpr, DV: tl.constexpr, BQ: tl.constexpr, BK: tl.constexpr,
-    CAUSAL: tl.constexpr, HIDE_DIAGONAL: tl.constexpr, MASK_KEYS: tl.constexpr,
+    CAUSAL: tl.constexpr, HIDE_DIAGONAL: tl.constexpr = False,
+    MASK_KEYS: tl.constexpr = True, BOUND: tl.constexpr = True,
 ):  # fmt: skip
     pid_q, z = tl.program_id(0), tl.program_id(1)
     i = pid_q * BQ + tl.arange(0, BQ)
@@ -216,7 +217,8 @@ def _indep_fwd(
     o = tl.zeros((BQ, DV), tl.float32)
     end = n_k
     if CAUSAL:
-        end = tl.minimum(n_k, pid_q * BQ + BQ)
+        if BOUND:
+            end = tl.minimum(n_k, pid_q * BQ + BQ)
     for j0 in range(0, end, BK):
         j = j0 + tl.arange(0, BK)
         kt = tl.load(
@@ -266,7 +268,7 @@ def _indep_fwd(
 def _indep_bwd_kv(
     Q, K, V, DO, LSE, DELTA, DK, DV_, n_q, n_k, sm_scale,
     D: tl.constexpr, DV: tl.constexpr, BQ: tl.constexpr, BK: tl.constexpr,
-    CAUSAL: tl.constexpr,
+    CAUSAL: tl.constexpr, BOUND: tl.constexpr = True,
 ):  # fmt: skip
     pid_k, z = tl.program_id(0), tl.program_id(1)
     j = pid_k * BK + tl.arange(0, BK)
@@ -283,7 +285,8 @@ def _indep_bwd_kv(
     dv = tl.zeros((BK, DV), tl.float32)
     first = 0
     if CAUSAL:
-        first = (pid_k * BK) // BQ * BQ  # the query tile holding key j0
+        if BOUND:
+            first = (pid_k * BK) // BQ * BQ  # the query tile holding key j0
     for i0 in range(first, n_q, BQ):
         i = i0 + tl.arange(0, BQ)
         row = i < n_q
@@ -316,7 +319,7 @@ def _indep_bwd_kv(
 def _indep_bwd_q(
     Q, K, V, DO, LSE, DELTA, DQ, n_q, n_k, sm_scale,
     D: tl.constexpr, DV: tl.constexpr, BQ: tl.constexpr, BK: tl.constexpr,
-    CAUSAL: tl.constexpr,
+    CAUSAL: tl.constexpr, BOUND: tl.constexpr = True,
 ):  # fmt: skip
     pid_q, z = tl.program_id(0), tl.program_id(1)
     i = pid_q * BQ + tl.arange(0, BQ)
@@ -333,7 +336,8 @@ def _indep_bwd_q(
     dq = tl.zeros((BQ, D), tl.float32)
     end = n_k
     if CAUSAL:
-        end = tl.minimum(n_k, pid_q * BQ + BQ)
+        if BOUND:
+            end = tl.minimum(n_k, pid_q * BQ + BQ)
     for j0 in range(0, end, BK):
         j = j0 + tl.arange(0, BK)
         k = tl.load(
@@ -408,12 +412,47 @@ class _IndependentFunction(torch.autograd.Function):
         return dq.reshape(q.shape), dk.reshape(k.shape), dv.reshape(v.shape), None
 
 
+# The independent kernels without their causal loop bound: they load every key tile and
+# mask it (a kernel may call another, which Triton inlines).
+@triton.jit
+def _indep_fwd_unbounded(
+    Q, K, V, Out, LSE, n_q, n_k, sm_scale,
+    D: tl.constexpr, DV: tl.constexpr, BQ: tl.constexpr, BK: tl.constexpr,
+    CAUSAL: tl.constexpr,
+):  # fmt: skip
+    _indep_fwd(Q, K, V, Out, LSE, n_q, n_k, sm_scale, D, DV, BQ, BK, CAUSAL, False, True, False)  # fmt: skip
+
+
+@triton.jit
+def _indep_bwd_kv_unbounded(
+    Q, K, V, DO, LSE, DELTA, DK, DV_, n_q, n_k, sm_scale,
+    D: tl.constexpr, DV: tl.constexpr, BQ: tl.constexpr, BK: tl.constexpr,
+    CAUSAL: tl.constexpr,
+):  # fmt: skip
+    _indep_bwd_kv(Q, K, V, DO, LSE, DELTA, DK, DV_, n_q, n_k, sm_scale, D, DV, BQ, BK, CAUSAL, False)  # fmt: skip
+
+
+@triton.jit
+def _indep_bwd_q_unbounded(
+    Q, K, V, DO, LSE, DELTA, DQ, n_q, n_k, sm_scale,
+    D: tl.constexpr, DV: tl.constexpr, BQ: tl.constexpr, BK: tl.constexpr,
+    CAUSAL: tl.constexpr,
+):  # fmt: skip
+    _indep_bwd_q(Q, K, V, DO, LSE, DELTA, DQ, n_q, n_k, sm_scale, D, DV, BQ, BK, CAUSAL, False)  # fmt: skip
+
+
+INDEPENDENT = {
+    "flash_fwd_kernel": _indep_fwd,
+    "flash_bwd_dkdv_kernel": _indep_bwd_kv,
+    "flash_bwd_dq_kernel": _indep_bwd_q,
+    "flash_attention_triton": _independent_flash,
+    "FlashAttentionTriton": _IndependentFunction,
+}
+
+
 def test_an_implementation_from_the_chapters_text_earns_every_point():
     tests = load_chapter_tests("11_kernels")
-    namespace = {
-        "flash_attention_triton": _independent_flash,
-        "FlashAttentionTriton": _IndependentFunction,
-    }
+    namespace = INDEPENDENT
     results = verdicts(tests, namespace)
     assert all(v.passed for v in results.values()), {
         k: v.message for k, v in results.items() if not v.passed
@@ -421,19 +460,88 @@ def test_an_implementation_from_the_chapters_text_earns_every_point():
 
 
 @pytest.mark.parametrize(
-    "slip, failing",
+    "slip",
     [
-        (dict(hide_diagonal=True), {"k_fwd_causal"}),  # the causal mask as j >= i
-        (dict(mask_keys=False), {"k_fwd", "k_fwd_causal"}),  # padding keys score 0
-    ],
+        dict(hide_diagonal=True),
+        dict(mask_keys=False),
+    ],  # j >= i hidden; padding scores 0
 )
-def test_wrong_kernels_outside_the_catalogue_fail(slip, failing):
+def test_wrong_kernels_outside_the_catalogue_fail(slip):
     tests = load_chapter_tests("11_kernels")
     selected = [t for t in tests.tests if t.exercise == "flash_attention_triton"]
     results = verdicts(
         tests, {"flash_attention_triton": _independent_forward(**slip)}, 0, selected
     )
-    assert {k for k, v in results.items() if not v.passed} == failing
+    assert {k for k, v in results.items() if not v.passed} == {"k_wrapper"}
+
+
+@pytest.mark.parametrize(
+    "exercise, kernel, failing",
+    [
+        ("flash_fwd_kernel", _indep_fwd_unbounded, "k_fwd_kernel_causal"),
+        ("flash_bwd_dkdv_kernel", _indep_bwd_kv_unbounded, "k_dkdv_kernel"),
+        ("flash_bwd_dq_kernel", _indep_bwd_q_unbounded, "k_dq_kernel"),
+    ],
+)
+def test_a_kernel_that_loads_tiles_no_query_sees_loses_the_causal_points(
+    exercise, kernel, failing
+):
+    """The chapter teaches the causal loop bound: a kernel that loads every key tile and
+    masks it computes the same numbers on clean inputs, but the tests fill the tiles no
+    query of a tile can see with NaN. The same kernel with the bound keeps every point."""
+    from autograder.known_mistakes.kernels import NO_BOUND
+
+    tests = load_chapter_tests("11_kernels")
+    selected = [t for t in tests.tests if t.exercise == exercise]
+    unbounded = verdicts(tests, {exercise: kernel}, 0, selected)
+    assert {k for k, v in unbounded.items() if not v.passed} == {failing}
+    assert NO_BOUND[1] in unbounded[failing].message
+    bounded = verdicts(tests, {exercise: INDEPENDENT[exercise]}, 0, selected)
+    assert all(v.passed for v in bounded.values())
+
+
+def _released_kernels() -> dict:
+    """The kernels of the released student notebook, as a student receives them."""
+    from tests.notebooks import release_notebook
+
+    namespace = {"triton": triton, "tl": tl, "torch": torch}
+    for cell in release_notebook("11_kernels").cells:
+        if cell.cell_type == "code" and "@triton.jit\ndef flash_" in cell.source:
+            exec(cell.source, namespace)
+    return {name: namespace[name] for name in INDEPENDENT if name.endswith("_kernel")}
+
+
+def test_a_notebook_without_triton_earns_no_kernel_point():
+    """Wrappers written in plain PyTorch (the hidden tests' own yardstick) with the
+    kernels left as stubs, or replaced by Python functions: the two wrapper points, none
+    of the eight kernel points, and the feedback says why."""
+    from autograder.grading.judging.judge import verdict
+    from autograder.grading.judging.prepare import prepare
+    from autograder.grading.sealed import probe
+    from autograder.hidden_tests import kernels as hidden
+    from tests.answers import code_of
+
+    tests = load_chapter_tests("11_kernels")
+    plain = {
+        "flash_attention_triton": hidden.softmax_attention,
+        "FlashAttentionTriton": hidden.SoftmaxAttentionFunction,
+    }
+    stubs = _released_kernels()
+    assert len(stubs) == 3
+    python = dict.fromkeys(stubs, hidden.launched_forward)
+    for kernel_answers, why in (
+        (stubs, "not implemented yet"),
+        (python, "is not a Triton kernel"),
+    ):
+        namespace = {**kernel_answers, **plain}
+        code = code_of(plain, tests.chapter)
+        for p in prepare(tests, tests.tests, 0):
+            got = probe.run_test(namespace, p.test_plan)  # as in the notebook's kernel
+            v = verdict(tests, p, got, code)
+            kernel_test = p.test.exercise.endswith("_kernel")
+            assert v.passed != kernel_test, (p.test.id, v.message)
+            if kernel_test:
+                assert why in v.message, v.message
 
 
 def test_without_triton_chapter_11_is_not_graded_and_the_grader_says_why(tmp_path):
@@ -484,11 +592,11 @@ def test_the_hidden_tests_hold_kernels_to_flashattentions_rule_not_a_fixed_toler
     from autograder.grading.judging.tolerances import LEVELS
 
     tests = load_chapter_tests("11_kernels")
-    selected = [tests.test("k_fwd")]
+    selected = [tests.test("k_wrapper")]
     rounded = _mantissa_rounded(16)
     results = verdicts(tests, {"flash_attention_triton": rounded}, 0, selected)
-    assert not results["k_fwd"].passed
-    assert "FlashAttention's rule" in results["k_fwd"].message
+    assert not results["k_wrapper"].passed
+    assert "FlashAttention's rule" in results["k_wrapper"].message
     (prepared,) = prepare(tests, selected, 0)
     q, k, v = prepared.cases[0].args
     out, _ = rounded(q, k, v)

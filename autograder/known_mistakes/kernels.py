@@ -1,5 +1,7 @@
 """Known mistakes of chapter 11's Triton kernels: plausible wrong answers that every hidden
-test of their exercise must fail, each with the hint the feedback gives.
+test of their exercise must fail, each with the hint the feedback gives. A kernel's are
+functions of its launcher's arguments (``probe.LAUNCHERS``), called directly by the
+grader: what a kernel with the slip computes.
 
 The slips are chapter 8's (``_flash_slips``): a kernel that makes one computes the same
 numbers as chapter 8's tiled PyTorch function with the same slip and tiles of 16, the
@@ -31,10 +33,10 @@ def _wrong_forward(**slips):
     """flash_attention_triton(q, k, v, causal) -> (out, L) with one of the forward's slips."""
     function = wrong_flash_function(**slips)
 
-    def flash_attention_triton(q, k, v, causal=False):
+    def flash_attention_triton(q, k, v, causal=False, tile=TILE):
         ctx = _SavedTensors()
         with torch.no_grad():
-            out = function.forward(ctx, q, k, v, causal, TILE)
+            out = function.forward(ctx, q, k, v, causal, tile)
         return out, ctx.saved[-1]
 
     return flash_attention_triton
@@ -78,8 +80,126 @@ TF32 = (
 )
 
 FORWARD_SLIPS = [s for s in SLIPS if s[2].keys() & {"rescale_sum", "lse_with_max"}]
+# the backward kernels are given L and D: only these slips are theirs
+DKDV_SLIPS = [s for s in SLIPS if s[2].keys() & {"scale_grads", "causal_start"}]
+DQ_SLIPS = [s for s in SLIPS if s[2].keys() & {"scale_grads"}]
+
+
+# The kernels' mistakes are functions of the launcher's arguments (``probe.LAUNCHERS``),
+# flat (BH, n, d) buffers: what a kernel with the slip computes. The keys no query can
+# see, which the causal tests fill with NaN, are set to 0 first: a kernel with one of
+# these slips but the right loop bound never reads them.
+def _clean(k, v):
+    return k.nan_to_num(0.0), v.nan_to_num(0.0)
+
+
+def _kernel_forward(**slips):
+    """flash_fwd_kernel with one slip: (out, L)."""
+    forward = _wrong_forward(**slips)
+
+    def launched(q, k, v, causal=False, block_q=TILE, block_k=TILE):
+        return forward(q, *_clean(k, v), causal, block_q)
+
+    return launched
+
+
+def _kernel_gradients(slips, q, k, v, do, causal, tiles):
+    """dq, dk, dv of a FlashAttention with one slip, by its own backward."""
+    q, k, v = (x.detach().clone().requires_grad_() for x in (q, *_clean(k, v)))
+    with torch.enable_grad():
+        out = wrong_flash_function(**slips).apply(q, k, v, causal, tiles)
+        return torch.autograd.grad(out, (q, k, v), do)
+
+
+def _kernel_dkdv(tf32=False, **slips):
+    """flash_bwd_dkdv_kernel with one slip (or its inputs rounded to TF32): [dk, dv]."""
+
+    def launched(q, k, v, do, lse, delta, causal=False, block_q=TILE, block_k=TILE):
+        if tf32:
+            q, k, v, do = (ref.round_to_tf32(x) for x in (q, k, v, do))
+        return list(_kernel_gradients(slips, q, k, v, do, causal, block_q)[1:])
+
+    return launched
+
+
+def _kernel_dq(tf32=False, **slips):
+    """flash_bwd_dq_kernel with one slip (or its inputs rounded to TF32): dq."""
+
+    def launched(q, k, v, do, lse, delta, causal=False, block_q=TILE, block_k=TILE):
+        if tf32:
+            q, k, v, do = (ref.round_to_tf32(x) for x in (q, k, v, do))
+        return _kernel_gradients(slips, q, k, v, do, causal, block_q)[0]
+
+    return launched
+
+
+def _kernel_forward_tf32(q, k, v, causal=False, block_q=TILE, block_k=TILE):
+    return _forward_tf32(q, *_clean(k, v), causal)
+
+
+def _unseen(k, causal):
+    """The keys a causal kernel with the right bound never reads (NaN in the tests)."""
+    return causal and bool(k.isnan().any())
+
+
+def _forward_without_bound(q, k, v, causal=False, block_q=TILE, block_k=TILE):
+    """Loads every key tile and masks it: the NaN keys reach every output row."""
+    out, lse = _kernel_forward()(q, k, v, causal)
+    return (out.fill_(float("nan")) if _unseen(k, causal) else out), lse
+
+
+def _dkdv_without_bound(
+    q, k, v, do, lse, delta, causal=False, block_q=TILE, block_k=TILE
+):
+    """Every key tile loops over every query tile: the NaN keys' dK is NaN."""
+    dk, dv = _kernel_dkdv()(q, k, v, do, lse, delta, causal, block_q, block_k)
+    if _unseen(k, causal):
+        dk[k.isnan().any(-1)] = float("nan")
+    return [dk, dv]
+
+
+def _dq_without_bound(
+    q, k, v, do, lse, delta, causal=False, block_q=TILE, block_k=TILE
+):
+    """Every query tile loops over every key tile: the NaN values reach every row."""
+    dq = _kernel_dq()(q, k, v, do, lse, delta, causal, block_q, block_k)
+    return dq.fill_(float("nan")) if _unseen(k, causal) else dq
+
+
+NO_BOUND = (
+    "key tiles past the causal bound loaded",
+    "with causal=True, your kernel reads key tiles that no query of its tile can see: "
+    "the test filled those keys and values with NaN, and they reached your output. "
+    "Masking a tile's scores does not stop its values from entering the sums: stop the "
+    "loop before the first key tile that starts at or after (tile + 1) * BLOCK_Q (and "
+    "start dK and dV's loop at the query tile that holds the key tile's first key).",
+)
 
 MISTAKES = [
+    Mistake("flash_fwd_kernel", name, hint, _kernel_forward(**slips))
+    for name, hint, slips in FORWARD_SLIPS
+]
+MISTAKES += [
+    Mistake("flash_fwd_kernel", *TF32, _kernel_forward_tf32),
+    Mistake("flash_fwd_kernel", *NO_BOUND, _forward_without_bound),
+]
+MISTAKES += [
+    Mistake("flash_bwd_dkdv_kernel", name, hint, _kernel_dkdv(**slips))
+    for name, hint, slips in DKDV_SLIPS
+]
+MISTAKES += [
+    Mistake("flash_bwd_dkdv_kernel", *TF32, _kernel_dkdv(tf32=True)),
+    Mistake("flash_bwd_dkdv_kernel", *NO_BOUND, _dkdv_without_bound),
+]
+MISTAKES += [
+    Mistake("flash_bwd_dq_kernel", name, hint, _kernel_dq(**slips))
+    for name, hint, slips in DQ_SLIPS
+]
+MISTAKES += [
+    Mistake("flash_bwd_dq_kernel", *TF32, _kernel_dq(tf32=True)),
+    Mistake("flash_bwd_dq_kernel", *NO_BOUND, _dq_without_bound),
+]
+MISTAKES += [
     Mistake("flash_attention_triton", name, hint, _wrong_forward(**slips))
     for name, hint, slips in FORWARD_SLIPS
 ]

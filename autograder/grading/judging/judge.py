@@ -362,7 +362,7 @@ def _recognise_mistake(
         wrong = prepared.mistake_outcomes.get((mistake.name, mistake.impl))
         if wrong is None:  # the same for every notebook of the batch: run once
             wrong = probe.run_test(
-                {**reference, test.exercise: mistake.impl}, prepared.plain_plan()
+                {**reference, test.exercise: mistake.impl}, prepared.direct_plan()
             )
             prepared.mistake_outcomes[(mistake.name, mistake.impl)] = wrong
         telling = [

@@ -73,6 +73,13 @@ class PreparedTest:
             return []
         return sorted(self.stand_ins["functions"] + self.stand_ins["modules"])
 
+    def direct_plan(self, exercise: str | None = None) -> TestPlan:
+        """``plain_plan`` with every call made directly: a kernel exercise's yardstick
+        and known mistakes are functions of the launcher's arguments (what the kernel
+        computes), not kernels."""
+        plan = self.plain_plan(exercise)
+        return {**plan, "calls": [{**c, "launch": None} for c in plan["calls"]]}
+
     def plain_plan(self, exercise: str | None = None) -> TestPlan:
         """The same calls for the grader's own implementations (the reference, a known
         mistake), run in the grader as they are."""
@@ -150,14 +157,14 @@ def _flash_rule(
     """The yardstick's float64 outcomes, and what each output may differ from them: the
     rule's multiple of the yardstick's own float32 error. The reference must meet it."""
     namespace = {**reference, p.test.exercise: p.test.yardstick}
-    in32 = probe.run_test(namespace, p.plain_plan())
-    in64 = probe.run_test(namespace, probe.map_tensors(p.plain_plan(), _widened))
+    in32 = probe.run_test(namespace, p.direct_plan())
+    in64 = probe.run_test(namespace, probe.map_tensors(p.direct_plan(), _widened))
     allowed = []
     for c, low, exact, ref in zip(p.cases, in32, in64, p.expected, strict=True):
         if "error" in exact or "error" in low:
             raise RuntimeError(f"the yardstick of {p.test.id} fails ({c.label})")
         budgets = [
-            _rule(c, j).allowed(_largest_error(a, b))
+            _rule(p.test, c, j).allowed(_largest_error(a, b))
             for j, (a, b) in enumerate(
                 zip(_tensors(low["value"]), _tensors(exact["value"]), strict=True)
             )
@@ -177,14 +184,15 @@ def _flash_rule(
     return in64, allowed
 
 
-def _rule(case: Case, output: int) -> ErrorBudget:
-    """The budget of one output: after the first, a call with an upstream gradient
-    returns gradients."""
-    return (
-        FLASH_RULE_GRADIENTS
-        if case.upstream_grad is not None and output
-        else FLASH_RULE
-    )
+GRADIENTS = ("dq", "dk", "dv")  # outputs that are gradients, by their names
+
+
+def _rule(test: HiddenTest, case: Case, output: int) -> ErrorBudget:
+    """The budget of one output: gradients have their own (after the first output, a
+    call with an upstream gradient returns gradients; a backward kernel returns them)."""
+    named = test.outputs[output] if output < len(test.outputs) else ""
+    gradient = (case.upstream_grad is not None and output) or named in GRADIENTS
+    return FLASH_RULE_GRADIENTS if gradient else FLASH_RULE
 
 
 def _tensors(value) -> list[torch.Tensor]:

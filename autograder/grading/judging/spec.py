@@ -54,6 +54,9 @@ class Case:
     # the upstream gradient dL/d(output): the call also returns the gradients of the
     # positional tensor arguments, computed by the exercise's backward (probe.CallPlan)
     upstream_grad: Any = None
+    # a kernel exercise: which of the course's launchers starts it (``probe.LAUNCHERS``);
+    # the arguments are the launcher's, after the kernel
+    launch: str | None = None
 
     def to_plan(self, state: dict | None) -> CallPlan:
         """The plain data a probe needs to make this call (tensors, numbers, strings)."""
@@ -70,6 +73,7 @@ class Case:
             "method": self.method,
             "setup": [[name, list(args)] for name, args in self.setup],
             "upstream_grad": self.upstream_grad,
+            "launch": self.launch,
         }
 
 
@@ -81,11 +85,13 @@ def case(
     setup: list[tuple[str, tuple]] | None = None,
     raises: str | None = None,
     upstream_grad: Any = None,
+    launch: str | None = None,
     **kwargs: Any,
 ) -> Case:
     """Shorthand: ``case(q, k, v, mask=m, label="causal mask")``; ``raises="ValueError"``
     for arguments the exercise's docstring says it refuses; ``upstream_grad=g`` to grade
-    the gradients too (the outcome is [output, then each positional tensor's gradient])."""
+    the gradients too (the outcome is [output, then each positional tensor's gradient]);
+    ``launch="forward"`` to launch a kernel exercise with the course's launcher."""
     return Case(
         args=args,
         kwargs=kwargs,
@@ -95,6 +101,7 @@ def case(
         setup=list(setup or []),
         raises=raises,
         upstream_grad=upstream_grad,
+        launch=launch,
     )
 
 
@@ -163,7 +170,8 @@ class HiddenTest:
     # computation of the exercise's math, called as the exercise is. The grader runs it in
     # float64 (the truth) and in float32 on each case; the student's outputs may differ
     # from the float64 ones by ``tolerances.FLASH_RULE`` of the float32 ones' error.
-    # ``level`` still decides which known mistake the outputs match.
+    # ``level`` still decides which known mistake the outputs match. For a kernel
+    # exercise (cases with ``launch``), it takes the launcher's arguments, after the kernel.
     yardstick: Any = None
 
     def __post_init__(self) -> None:

@@ -28,6 +28,9 @@ class CallPlan(TypedDict):
     # an autograd Function's ``apply``); None: call the module (the function) itself
     method: str | None
     setup: list  # [method name, args] pairs called on the module before the call
+    # a kernel exercise: the course's launcher (``LAUNCHERS``) that launches the
+    # exercise, a Triton kernel, on the call's buffers; None for any other exercise
+    launch: str | None
     # None: the call runs without gradients and returns its output. A tensor: the upstream
     # gradient dL/d(output); the call runs with gradients and returns [output, then the
     # gradient of every floating-point tensor among the positional arguments, in order]
@@ -166,6 +169,77 @@ def _materialise(value, namespace):
     return value
 
 
+# Chapter 11's kernels are graded by launching them: the course's launchers below start
+# the notebook's own ``@triton.jit`` kernel, by the signature the chapter documents, on
+# buffers the test made and with the tile sizes it chose, never through the notebook's
+# wrapper. They need no Triton import: a kernel launches itself (``kernel[grid](...)``).
+# What a kernel never stores stays NaN.
+KERNEL_TYPES = ("JITFunction", "InterpretedFunction")  # what @triton.jit makes
+
+
+def _triton_kernel(target, exercise):
+    """``target`` if it is a kernel made by ``@triton.jit`` (by Triton's own classes)."""
+    import sys
+
+    triton = sys.modules.get("triton")
+    kinds = []
+    for module_name in ("triton.runtime.jit", "triton.runtime.interpreter"):
+        module = sys.modules.get(module_name)
+        kinds += [getattr(module, k) for k in KERNEL_TYPES if hasattr(module, k)]
+    if triton is None or type(target) not in kinds:
+        raise _Missing(
+            f"`{exercise}` is not a Triton kernel: the kernel tests launch it themselves "
+            "(write it as a plain @triton.jit function with the chapter's signature)"
+        )
+    return target
+
+
+def _nan(*shape):
+    return torch.full(shape, float("nan"))
+
+
+def _launch(kernel, tiles, buffers, q, k, v, causal, block_q, block_k):
+    """``kernel`` on the grid (tiles, BH), by the chapter's signature, in its order (the
+    names are the notebook's): the buffers, n_q, n_k, scale, then the compile-time
+    constants D, DV, BLOCK_Q, BLOCK_K and CAUSAL."""
+    heads, n_q, d = q.shape
+    kernel[(tiles, heads)](
+        *buffers, n_q, k.size(1), 1.0 / d**0.5, d, v.size(2), block_q, block_k, causal
+    )
+
+
+def _launch_forward(kernel, q, k, v, causal=False, block_q=16, block_k=16):
+    """flash_fwd_kernel on q (BH, n_q, D), k (BH, n_k, D), v (BH, n_k, DV), grid
+    (cdiv(n_q, block_q), BH) -> out (BH, n_q, DV), L (BH, n_q)."""
+    (heads, n_q, _), d_v = q.shape, v.size(2)
+    out, lse = _nan(heads, n_q, d_v), _nan(heads, n_q)
+    tiles = -(-n_q // block_q)
+    _launch(kernel, tiles, (q, k, v, out, lse), q, k, v, causal, block_q, block_k)
+    return out, lse
+
+
+def _launch_dkdv(kernel, q, k, v, do, lse, delta, causal=False, block_q=16, block_k=16):
+    """flash_bwd_dkdv_kernel, grid (cdiv(n_k, block_k), BH) -> dk (BH, n_k, D) and dv
+    (BH, n_k, DV); do (BH, n_q, DV), lse = L and delta = D (BH, n_q)."""
+    dk, dv = _nan(*k.shape), _nan(*v.shape)
+    tiles = -(-k.size(1) // block_k)
+    buffers = (q, k, v, do, lse, delta, dk, dv)
+    _launch(kernel, tiles, buffers, q, k, v, causal, block_q, block_k)
+    return dk, dv
+
+
+def _launch_dq(kernel, q, k, v, do, lse, delta, causal=False, block_q=16, block_k=16):
+    """flash_bwd_dq_kernel, grid (cdiv(n_q, block_q), BH) -> dq (BH, n_q, D)."""
+    dq = _nan(*q.shape)
+    tiles = -(-q.size(1) // block_q)
+    buffers = (q, k, v, do, lse, delta, dq)
+    _launch(kernel, tiles, buffers, q, k, v, causal, block_q, block_k)
+    return dq
+
+
+LAUNCHERS = {"forward": _launch_forward, "dkdv": _launch_dkdv, "dq": _launch_dq}
+
+
 def call(namespace, exercise, plan: CallPlan):
     """Make one planned call of ``namespace[exercise]``; returns the raw result."""
     target = namespace.get(exercise)
@@ -176,6 +250,10 @@ def call(namespace, exercise, plan: CallPlan):
     # a copy per call: a student may modify inputs in place
     args = _materialise(copy.deepcopy(plan["args"]), namespace)
     kwargs = _materialise(copy.deepcopy(plan["kwargs"]), namespace)
+    if plan.get("launch") is not None:
+        kernel = _triton_kernel(target, exercise)
+        with torch.no_grad():
+            return LAUNCHERS[plan["launch"]](kernel, *args, **kwargs)
     if plan["init"] is None and plan["method"] is not None:
         target = getattr(target, plan["method"])  # a class's own, e.g. Function.apply
     if plan.get("upstream_grad") is not None:
