@@ -15,6 +15,7 @@ from tests.answers import (
     assert_right_answer_passes,
     assert_wrong_answer_fails,
     right_answers,
+    verdicts,
     wrong_answers,
 )
 
@@ -905,3 +906,31 @@ INDEPENDENT_CORRECT_ANSWERS = {
 @pytest.mark.parametrize("seed", SEEDS)
 def test_independent_correct_answers_pass(exercise, right, seed):
     assert_right_answer_passes(CHAPTER, ea, exercise, right, seed)
+
+
+class _AutogradThroughTiles:
+    """FlashAttentionFunction as autograd would run it through chapter 8's forward tiles:
+    the right numbers, and a backward that is autograd's, not the student's."""
+
+    @staticmethod
+    def apply(q, k, v, causal=False, block_size=64):
+        return ea.flash_attention(q, k, v, block_size=block_size, causal=causal)
+
+
+def test_a_backward_that_autograd_runs_through_the_tiles_loses_its_points():
+    """Exercise 11 teaches the backward pass by hand: the hidden tests read what the
+    forward saved (exactly q, k, v, out and L), which autograd through the tiles never
+    saves; the reference keeps every point."""
+    from autograder.grading.judging.spec import load_chapter_tests
+
+    tests = load_chapter_tests("08_efficient_attention")
+    selected = [t for t in tests.tests if t.exercise == "FlashAttentionFunction"]
+    through = verdicts(
+        tests, {"FlashAttentionFunction": _AutogradThroughTiles}, 0, selected
+    )
+    assert through and not any(v.passed for v in through.values())
+    assert all("was not made by its forward" in v.message for v in through.values())
+    reference = verdicts(
+        tests, {"FlashAttentionFunction": ea.FlashAttentionFunction}, 0, selected
+    )
+    assert all(v.passed for v in reference.values())

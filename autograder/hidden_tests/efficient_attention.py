@@ -88,6 +88,11 @@ def _flash_causal_cases(g):
     ]
 
 
+# what FlashAttentionFunction's forward saves with ctx.save_for_backward, as the
+# docstring says: a backward that autograd runs through the tiles saves none of it
+SAVED = "saved tensors (q, k, v, out, L)"
+
+
 def _grad_case(g, batch, n_q, n_k, d, d_v, *extra, scale=1.0, label, **kwargs):
     """q, k, v (then ``extra`` positional arguments) and a drawn upstream gradient
     dL/d(out): the call returns (out, dq, dk, dv)."""
@@ -106,7 +111,19 @@ def _function_grad_cases(g, causal):
         ((2,), 20, 20, 8, 8, 64, "one tile larger than n"),
     ]
     cases = [
-        _grad_case(g, batch, n_q, n_k, d, d_v, causal, b, method="apply", label=label)
+        _grad_case(
+            g,
+            batch,
+            n_q,
+            n_k,
+            d,
+            d_v,
+            causal,
+            b,
+            method="apply",
+            saved=True,
+            label=label,
+        )
         for batch, n_q, n_k, d, d_v, b, label in shapes
     ]
     cases.append(
@@ -121,6 +138,7 @@ def _function_grad_cases(g, causal):
             5,
             scale=3.0,
             method="apply",
+            saved=True,
             label="large logits",
         )
     )
@@ -371,10 +389,11 @@ TESTS = [
         exercise="FlashAttentionFunction",
         points=2,
         description="FlashAttentionFunction.apply: the output and the gradients dq, dk, dv "
-        "for a given upstream gradient equal softmax attention's, for any block size",
+        "for a given upstream gradient equal softmax attention's, for any block size, "
+        "and the forward saves exactly q, k, v, out and L for its own backward",
         make_cases=lambda g: _function_grad_cases(g, causal=False),
         level="module",
-        outputs=("out", "dq", "dk", "dv"),
+        outputs=("out", "dq", "dk", "dv", SAVED),
         forbidden=("sdpa", "softmax"),
     ),
     HiddenTest(
@@ -382,10 +401,11 @@ TESTS = [
         exercise="FlashAttentionFunction",
         points=2,
         description="FlashAttentionFunction.apply with causal=True: the output and the "
-        "gradients equal causal softmax attention's, ragged lengths included",
+        "gradients equal causal softmax attention's, ragged lengths included, and the "
+        "forward saves exactly q, k, v, out and L",
         make_cases=lambda g: _function_grad_cases(g, causal=True),
         level="module",
-        outputs=("out", "dq", "dk", "dv"),
+        outputs=("out", "dq", "dk", "dv", SAVED),
         forbidden=("sdpa", "softmax"),
     ),
     HiddenTest(

@@ -54,6 +54,9 @@ class Case:
     # the upstream gradient dL/d(output): the call also returns the gradients of the
     # positional tensor arguments, computed by the exercise's backward (probe.CallPlan)
     upstream_grad: Any = None
+    # with upstream_grad: the outcome ends with what the output's autograd Function saved
+    # for its backward (probe.CallPlan)
+    saved: bool = False
     # a kernel exercise: which of the course's launchers starts it (``probe.LAUNCHERS``);
     # the arguments are the launcher's, after the kernel
     launch: str | None = None
@@ -73,6 +76,7 @@ class Case:
             "method": self.method,
             "setup": [[name, list(args)] for name, args in self.setup],
             "upstream_grad": self.upstream_grad,
+            "saved": self.saved,
             "launch": self.launch,
         }
 
@@ -85,12 +89,14 @@ def case(
     setup: list[tuple[str, tuple]] | None = None,
     raises: str | None = None,
     upstream_grad: Any = None,
+    saved: bool = False,
     launch: str | None = None,
     **kwargs: Any,
 ) -> Case:
     """Shorthand: ``case(q, k, v, mask=m, label="causal mask")``; ``raises="ValueError"``
     for arguments the exercise's docstring says it refuses; ``upstream_grad=g`` to grade
-    the gradients too (the outcome is [output, then each positional tensor's gradient]);
+    the gradients too (the outcome is [output, then each positional tensor's gradient],
+    then with ``saved=True`` the tensors its autograd Function saved for the backward);
     ``launch="forward"`` to launch a kernel exercise with the course's launcher."""
     return Case(
         args=args,
@@ -101,6 +107,7 @@ def case(
         setup=list(setup or []),
         raises=raises,
         upstream_grad=upstream_grad,
+        saved=saved,
         launch=launch,
     )
 

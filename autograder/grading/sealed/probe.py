@@ -35,6 +35,10 @@ class CallPlan(TypedDict):
     # gradient dL/d(output); the call runs with gradients and returns [output, then the
     # gradient of every floating-point tensor among the positional arguments, in order]
     upstream_grad: Any
+    # with upstream_grad: also return what the output's autograd node saved for the
+    # backward (``ctx.save_for_backward``), after the gradients: a hand-written backward
+    # is graded by what it keeps, not only by the numbers it makes
+    saved: bool
 
 
 class TestPlan(TypedDict):
@@ -257,7 +261,9 @@ def call(namespace, exercise, plan: CallPlan):
     if plan["init"] is None and plan["method"] is not None:
         target = getattr(target, plan["method"])  # a class's own, e.g. Function.apply
     if plan.get("upstream_grad") is not None:
-        return _with_gradients(target, args, kwargs, plan["upstream_grad"], exercise)
+        return _with_gradients(
+            target, args, kwargs, plan["upstream_grad"], exercise, plan.get("saved")
+        )
     with torch.no_grad():
         if plan["init"] is None:
             return target(*args, **kwargs)
@@ -272,7 +278,19 @@ def call(namespace, exercise, plan: CallPlan):
         return method(*args, **kwargs)
 
 
-def _with_gradients(target, args, kwargs, upstream, exercise):
+def _saved_tensors(out, exercise):
+    """What the autograd Function that made ``out`` saved with ``ctx.save_for_backward``."""
+    saved = getattr(out.grad_fn, "saved_tensors", None)
+    if saved is None:
+        raise _Missing(
+            f"the output of your `{exercise}` was not made by its forward: autograd ran "
+            "through your operations, so its backward is autograd's, not yours (return "
+            "the output of forward, with what backward needs saved by ctx.save_for_backward)"
+        )
+    return list(saved)
+
+
+def _with_gradients(target, args, kwargs, upstream, exercise, saved=False):
     """The output and the gradients of sum(output * upstream) with respect to the floating-
     point tensors among ``args``, computed by the exercise's own backward pass: plain
     tensors (None for an input the output does not depend on)."""
@@ -286,8 +304,9 @@ def _with_gradients(target, args, kwargs, upstream, exercise):
                 f"your `{exercise}` returned no tensor that gradients flow back through: "
                 "return the output of your autograd function, not a detached copy"
             )
+        kept = _saved_tensors(out, exercise) if saved else []
         grads = torch.autograd.grad(out, inputs, upstream, allow_unused=True)
-    return [out, *grads]
+    return [out, *grads, *([kept] if saved else [])]
 
 
 def _load_state(module, state, exercise):
