@@ -66,15 +66,18 @@ def class_course(
     chapter: str,
     submissions: dict[str, Callable[[], object] | None],
     timestamps: dict[str, str] | None = None,
+    exist_ok: bool = False,
 ) -> Path:
     """An nbgrader course root at ``root`` with the course's config and sources, and one
     collected submission of ``chapter`` per student (``None``: a file that is no notebook),
-    with nbgrader's timestamp where ``timestamps`` gives one."""
+    with nbgrader's timestamp where ``timestamps`` gives one. ``exist_ok``: add to a
+    course root made before (for another chapter)."""
     import shutil
 
-    root.mkdir(parents=True)
-    shutil.copy(paths.COURSE_ROOT / "nbgrader_config.py", root)
-    shutil.copytree(paths.COURSE_ROOT / "source", root / "source")
+    if not (exist_ok and root.exists()):
+        root.mkdir(parents=True)
+        shutil.copy(paths.COURSE_ROOT / "nbgrader_config.py", root)
+        shutil.copytree(paths.COURSE_ROOT / "source", root / "source")
     for student, make in submissions.items():
         folder = root / "submitted" / student / chapter
         folder.mkdir(parents=True)

@@ -17,6 +17,7 @@ import pytest
 from autograder import paths
 from tests.notebooks import (
     CHAPTERS,
+    class_course,
     release_notebook,
     student_notebook,
     user_environment,
@@ -69,3 +70,44 @@ def test_untouched_student_notebook_earns_zero(graded, chapter):
     assert result["assignment"] == chapter
     assert result["score"] == 0
     assert all(t["message"] for t in result["tests"]), "every failure says why"
+
+
+@pytest.fixture(scope="module")
+def autograded(tmp_path_factory) -> dict[tuple[str, str], dict]:
+    """Every chapter as a small class (a filled-in and an untouched notebook) through
+    ``python -m autograder autograde``, in one course root, each started as an
+    instructor starts it: from a login shell's environment."""
+    root = tmp_path_factory.mktemp("autograde") / "course"
+    for chapter in CHAPTERS:
+        class_course(
+            root,
+            chapter,
+            {
+                "filled": lambda c=chapter: student_notebook(c),
+                "stub": lambda c=chapter: release_notebook(c),
+            },
+            exist_ok=True,
+        )
+    found = {}
+    for chapter in CHAPTERS:
+        results = root / f"{chapter}.jsonl"
+        run = subprocess.run(
+            [sys.executable, "-m", "autograder", "autograde", chapter, "--jobs", "2",
+             "--course-dir", str(root), "--results", str(results)],
+            cwd=paths.REPO, capture_output=True, text=True, timeout=900,
+            env=user_environment(PYTHONPATH=str(paths.REPO)),
+        )  # fmt: skip
+        assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+        for line in results.read_text().splitlines():
+            result = json.loads(line)
+            found[chapter, result["student"]] = result
+    return found
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_a_class_run_gives_the_filled_in_notebook_full_marks_and_the_stub_zero(
+    autograded, chapter
+):
+    filled, stub = autograded[chapter, "filled"], autograded[chapter, "stub"]
+    assert filled["score"] == filled["max_score"] > 0, filled
+    assert stub["score"] == 0 and stub["max_score"] == filled["max_score"], stub
