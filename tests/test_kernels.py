@@ -646,3 +646,33 @@ def test_a_stub_kernel_is_described_as_not_implemented():
         stub_kernel[(1,)](torch.zeros(4), BLOCK=4)
     assert type(raised.value).__name__ == "InterpreterError"
     assert probe.NOT_IMPLEMENTED in probe._describe(raised.value)
+
+
+def test_the_graders_threads_run_the_reference_kernels_one_at_a_time():
+    """Triton's interpreter patches ``triton.language`` for the whole process while a
+    kernel runs: two of the grader's threads answering stand-ins at once (a class graded
+    with --jobs 2) undid each other's patches, and about a quarter of the calls failed
+    ("Did you forget to add @triton.jit?"). The reference runs under one lock."""
+    import threading
+
+    from autograder.grading.judging.upstream import ReferenceServer
+
+    server = ReferenceServer(vars(load_chapter_tests("11_kernels").reference()))
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, n, 16, generator=g) for n in (37, 45, 45))
+    request = {"name": "flash_attention_triton", "kind": "call", "args": [q, k, v]}
+    errors = []
+
+    def answer_many():
+        for _ in range(15):
+            try:
+                server(request)
+            except Exception as exc:  # noqa: BLE001 (counted, then reported)
+                errors.append(repr(exc)[:200])
+
+    threads = [threading.Thread(target=answer_many) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[:2]

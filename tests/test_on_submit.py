@@ -110,7 +110,7 @@ def test_settings_are_checked_with_a_clear_message(entry, says):
 # --- the service, end to end ---------------------------------------------------------
 
 
-def _nbgrader(course, student, step):
+def _nbgrader(course, student, step, chapter=CH):
     """nbgrader's own exchange step (``submit``, ``fetch_feedback``) as ``student`` runs
     it from their home (their cache there); in this process, as nbgrader's app would."""
     from nbgrader.auth import Authenticator
@@ -120,7 +120,7 @@ def _nbgrader(course, student, step):
     from traitlets.config import Config
 
     home = course.dir / student
-    (home / CH).mkdir(parents=True, exist_ok=True)
+    (home / chapter).mkdir(parents=True, exist_ok=True)
     config = Config()
     config.Exchange.root, config.Exchange.cache = (
         str(course.exchange),
@@ -129,7 +129,7 @@ def _nbgrader(course, student, step):
     config.Exchange.assignment_dir = str(home)
     config.CourseDirectory.root, config.CourseDirectory.course_id = str(home), COURSE
     config.CourseDirectory.assignment_id, config.CourseDirectory.student_id = (
-        CH,
+        chapter,
         student,
     )
     kind = {"submit": ExchangeSubmit, "fetch_feedback": ExchangeFetchFeedback}[step]
@@ -143,16 +143,18 @@ def _nbgrader(course, student, step):
 class Course:
     """The course root, its exchange, and each student's home (their nbgrader cache)."""
 
-    def __init__(self, tmp):
+    def __init__(self, tmp, chapters=(CH,)):
         self.root = class_course(tmp / "course", CH, {})
+        self.chapters = chapters
         self.exchange, self.cache, self.dir = (
             tmp / "exchange",
             tmp / "cache",
             tmp / "home",
         )
-        outbound = self.exchange / COURSE / "outbound" / CH
-        outbound.mkdir(parents=True)
-        write(release_notebook(CH), outbound / f"{CH}.ipynb")
+        for chapter in chapters:
+            outbound = self.exchange / COURSE / "outbound" / chapter
+            outbound.mkdir(parents=True)
+            write(release_notebook(chapter), outbound / f"{chapter}.ipynb")
         inbound = self.exchange / COURSE / "inbound"
         inbound.mkdir()
         inbound.chmod(0o2733)
@@ -162,18 +164,19 @@ class Course:
     def configure(self, due):
         config = self.root / "nbgrader_config.py"
         text = config.read_text().split("# on submit\n")[0]
-        rules = {CH: {"attempts": 3, "cooldown_minutes": 0, "keep": "best", "due": due}}
+        rule = {"attempts": 3, "cooldown_minutes": 0, "keep": "best", "due": due}
+        rules = dict.fromkeys(self.chapters, rule)
         config.write_text(
             f"{text}# on submit\nc.Exchange.root = {str(self.exchange)!r}\n"
             f"c.GradeOnSubmit.assignments = {rules!r}\n"
         )
 
-    def submit(self, named, nb, owner=None):
+    def submit(self, named, nb, owner=None, chapter=CH):
         """``nbgrader submit --student NAMED`` as ``owner`` (default: NAMED) leaves it."""
-        (self.dir / named / CH).mkdir(parents=True, exist_ok=True)
-        write(nb, self.dir / named / CH / f"{CH}.ipynb")
+        (self.dir / named / chapter).mkdir(parents=True, exist_ok=True)
+        write(nb, self.dir / named / chapter / f"{chapter}.ipynb")
         before = set((self.exchange / COURSE / "inbound").iterdir())
-        _nbgrader(self, named, "submit")
+        _nbgrader(self, named, "submit", chapter)
         (new,) = set((self.exchange / COURSE / "inbound").iterdir()) - before
         uid = pwd.getpwnam(owner or named).pw_uid
         for path in (new, *new.iterdir()):
@@ -181,11 +184,12 @@ class Course:
         time.sleep(1.0)  # a second apart: nbgrader's timestamps tell them apart
         return new
 
-    def serve(self):
+    def serve(self, cell_timeout=15):
         started = time.perf_counter()
         done = subprocess.run(
             [sys.executable, "-m", "autograder", "serve-submissions", "--once",
-             "--course-dir", str(self.root), "--jobs", "2", "--cell-timeout", "15"],
+             "--course-dir", str(self.root), "--jobs", "2",
+             "--cell-timeout", str(cell_timeout)],
             capture_output=True, text=True, timeout=400,
             env=user_environment(PYTHONPATH=str(paths.REPO)),
         )  # fmt: skip
@@ -214,11 +218,11 @@ class Course:
         return json.loads(row[0])
 
 
-def _score(root, student):
+def _score(root, student, chapter=CH):
     from nbgrader.api import Gradebook
 
     with Gradebook(f"sqlite:///{root / 'gradebook.db'}", COURSE) as gb:
-        return gb.find_submission(CH, student).score
+        return gb.find_submission(chapter, student).score
 
 
 @pytest.fixture(scope="module")
@@ -370,3 +374,32 @@ def test_a_grader_fault_uses_no_attempt(tmp_path):
     assert history[0]["state"] == "fault"
     assert attempts.decide(history, T, P3, None, now=T).number == 1
     assert attempts.chosen(history, "best") is None
+
+
+@needs_root
+def test_every_chapter_is_graded_on_submit(tmp_path):
+    """Each chapter's filled-in notebook and untouched one, submitted with nbgrader's own
+    ``submit`` and graded by one run of the service, started from a login shell's
+    environment: full marks and zero."""
+    from autograder.grading.judging.spec import load_chapter_tests
+    from tests.notebooks import CHAPTERS
+
+    c = Course(tmp_path, tuple(CHAPTERS))
+    for chapter in CHAPTERS:
+        c.submit(ANN, student_notebook(chapter), chapter=chapter)
+        c.submit(BEN, release_notebook(chapter), chapter=chapter)
+    c.serve(cell_timeout=60)
+    merged = {}  # each submission's lines in the journal, the last state kept
+    for entry in c.journal():
+        key = entry["submission"]
+        merged[key] = {**merged.get(key, {}), **entry}
+    graded = {
+        (e.get("assignment"), e.get("student")): e
+        for e in merged.values()
+        if e["state"] == "graded"
+    }
+    for chapter in CHAPTERS:
+        full = load_chapter_tests(chapter).max_score
+        for student, score in ((ANN, full), (BEN, 0)):
+            assert (chapter, student) in graded, (chapter, student, c.logs[-1][-3000:])
+            assert _score(c.root, student, chapter) == score, graded[chapter, student]

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from autograder.grading.judging import upstream
+from autograder.grading.judging import one_interpreter, upstream
 from autograder.grading.judging.spec import Case, ChapterTests, HiddenTest
 from autograder.grading.judging.tolerances import (
     FLASH_RULE,
@@ -135,7 +135,8 @@ def prepare(
                     )
             calls.append(c.to_plan(state))
         p = PreparedTest(test, cases, calls, [])
-        p.expected = probe.run_test(reference, p.plain_plan())
+        with one_interpreter.LOCK:
+            p.expected = probe.run_test(reference, p.plain_plan())
         for c, outcome in zip(cases, p.expected, strict=True):
             raised = outcome.get("error", "").split(":", 1)[0] or None
             if raised != c.raises:

@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from autograder.grading.judging import one_interpreter
 from autograder.grading.judging.spec import graded_chapters
 from autograder.grading.sealed import probe
 from autograder.paths import module_name
@@ -251,6 +252,10 @@ class ReferenceServer:
         self.modules: OrderedDict[str, torch.nn.Module] = OrderedDict()
 
     def __call__(self, request: dict) -> Any:
+        with one_interpreter.LOCK:  # the reference may run Triton kernels
+            return self._answer(request)
+
+    def _answer(self, request: dict) -> Any:
         target = self.reference[request["name"]]
         args, kwargs = request.get("args", []), request.get("kwargs", {})
         with torch.no_grad():
