@@ -52,12 +52,8 @@ def _as_called(p, namespace):
     ``test_kernels``)."""
     target = namespace.get(p.test.exercise)
     launched = any(c.get("launch") for c in p.calls)
-    if (
-        launched
-        and target is not None
-        and type(target).__name__ not in probe.KERNEL_TYPES
-    ):
-        return {**p.direct_plan(), "guarded": p.guarded}
+    if launched and target is not None and not probe.is_triton_kernel(target):
+        return p.direct_plan()
     return p.test_plan
 
 

@@ -111,26 +111,26 @@ def _kernel_gradients(slips, q, k, v, do, causal, tiles):
         return torch.autograd.grad(out, (q, k, v), do)
 
 
-def _kernel_dkdv(tf32=False, **slips):
-    """flash_bwd_dkdv_kernel with one slip (or its inputs rounded to TF32): [dk, dv]."""
+def _kernel_backward(pick, tf32=False, **slips):
+    """A backward kernel with one slip (or its inputs rounded to TF32): ``pick`` of
+    (dq, dk, dv), the gradients that kernel stores."""
 
     def launched(q, k, v, do, lse, delta, causal=False, block_q=TILE, block_k=TILE):
         if tf32:
             q, k, v, do = (ref.round_to_tf32(x) for x in (q, k, v, do))
-        return list(_kernel_gradients(slips, q, k, v, do, causal, block_q)[1:])
+        return pick(_kernel_gradients(slips, q, k, v, do, causal, block_q))
 
     return launched
+
+
+def _kernel_dkdv(tf32=False, **slips):
+    """flash_bwd_dkdv_kernel with one slip: [dk, dv]."""
+    return _kernel_backward(lambda grads: list(grads[1:]), tf32, **slips)
 
 
 def _kernel_dq(tf32=False, **slips):
-    """flash_bwd_dq_kernel with one slip (or its inputs rounded to TF32): dq."""
-
-    def launched(q, k, v, do, lse, delta, causal=False, block_q=TILE, block_k=TILE):
-        if tf32:
-            q, k, v, do = (ref.round_to_tf32(x) for x in (q, k, v, do))
-        return _kernel_gradients(slips, q, k, v, do, causal, block_q)[0]
-
-    return launched
+    """flash_bwd_dq_kernel with one slip: dq."""
+    return _kernel_backward(lambda grads: grads[0], tf32, **slips)
 
 
 def _kernel_forward_tf32(q, k, v, causal=False, block_q=TILE, block_k=TILE):

@@ -93,6 +93,8 @@ def prove(sandbox, limits: Limits | None = None) -> None:
     prepared = prepare(tests, [tests.test(t) for t in TESTS], seed=0)
     sources = [CANARY, TRITON_CANARY] if _with_triton() else [CANARY]
     nb = nbformat.v4.new_notebook(cells=list(map(nbformat.v4.new_code_cell, sources)))
+    # the Triton canary is the last code cell, where there is one
+    triton_cell = f"code cell {len(sources)}:" if TRITON_CANARY in sources else None
     with sandbox.kernel() as (km, workdir):
         got, run = run_notebook(nb, prepared, km, workdir, limits)
         end = sandbox.end(km, workdir)
@@ -109,7 +111,7 @@ def prove(sandbox, limits: Limits | None = None) -> None:
         problem = f"the canary kernel died (signal {end.signal}, exit {end.exit_code})"
     elif run.grader_fault:
         problem = f"the canary's tests could not run: {run.grader_fault}"
-    elif run.errors and run.errors[0].startswith("code cell 2:"):
+    elif triton_cell and run.errors and run.errors[0].startswith(triton_cell):
         raise SandboxUnavailable(TRITON_FAULT.format(error=run.errors[0]))
     elif run.errors:
         problem = f"the canary cell failed: {run.errors[0]}"

@@ -181,16 +181,21 @@ def _materialise(value, namespace):
 KERNEL_TYPES = ("JITFunction", "InterpretedFunction")  # what @triton.jit makes
 
 
-def _triton_kernel(target, exercise):
-    """``target`` if it is a kernel made by ``@triton.jit`` (by Triton's own classes)."""
+def is_triton_kernel(target) -> bool:
+    """Whether ``target`` is a kernel made by ``@triton.jit`` (of Triton's own classes,
+    as imported in this process: none where Triton was never imported)."""
     import sys
 
-    triton = sys.modules.get("triton")
     kinds = []
     for module_name in ("triton.runtime.jit", "triton.runtime.interpreter"):
         module = sys.modules.get(module_name)
         kinds += [getattr(module, k) for k in KERNEL_TYPES if hasattr(module, k)]
-    if triton is None or type(target) not in kinds:
+    return type(target) in kinds
+
+
+def _triton_kernel(target, exercise):
+    """``target`` if it is a kernel made by ``@triton.jit``."""
+    if not is_triton_kernel(target):
         raise _Missing(
             f"`{exercise}` is not a Triton kernel: the kernel tests launch it themselves "
             "(write it as a plain @triton.jit function with the chapter's signature)"
