@@ -107,6 +107,70 @@ def test_settings_are_checked_with_a_clear_message(entry, says):
         settings.policy(CH, entry)
 
 
+def _config(root, rules):
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "nbgrader_config.py").write_text(
+        (paths.COURSE_ROOT / "nbgrader_config.py").read_text()
+        + f"\nc.GradeOnSubmit.assignments = {rules!r}\n"
+    )
+
+
+@pytest.mark.parametrize(
+    "rule, says",
+    [
+        ({"attempts": 3, "keep": "best"}, "('attempts': 3)"),
+        ({"cooldown_minutes": 60}, "('cooldown_minutes': 60)"),
+    ],
+)
+def test_an_entry_that_holds_attempts_needs_a_due_date(tmp_path, rule, says):
+    """Held until a due date that never comes would be held for ever: an entry that can
+    hold attempts back, with no due date in it nor in the gradebook, is refused when the
+    settings are read, and the message says what to add; with either, it is taken."""
+    _config(tmp_path, {CH: rule})
+    with pytest.raises(settings.SettingsError) as refused:
+        settings.load(tmp_path)
+    message = str(refused.value)
+    assert says in message and "add a 'due' to its entry" in message, message
+    assert f"nbgrader db assignment add {CH} --duedate" in message
+    _config(tmp_path, {CH: {**rule, "due": "2026-02-01 23:59:00"}})
+    assert settings.load(tmp_path)[CH].due == datetime(2026, 2, 1, 23, 59)
+    _config(tmp_path, {CH: {"attempts": 0, "cooldown_minutes": 0}})  # holds nothing
+    assert settings.load(tmp_path)[CH].due is None
+    # the gradebook's due date is enough
+    from nbgrader.api import Gradebook
+
+    _config(tmp_path, {CH: rule})
+    with Gradebook(f"sqlite:///{tmp_path / 'gradebook.db'}", COURSE) as gb:
+        gb.add_assignment(CH, duedate=datetime(2026, 3, 1, 12))
+    assert settings.due_date(tmp_path, CH, settings.load(tmp_path)[CH]) == datetime(
+        2026, 3, 1, 12
+    )
+
+
+def test_the_guides_entries_are_valid_as_written(tmp_path):
+    """Every ``c.GradeOnSubmit.assignments`` the instructor guide shows is read by the
+    service as written, with no gradebook (a course root just set up)."""
+    guide = (paths.REPO / "book" / "instructor_guide.md").read_text()
+    blocks = re.findall(r"```python\n(c\.GradeOnSubmit\.assignments = .*?)```", guide,
+                        re.S)  # fmt: skip
+    assert blocks
+    for block in blocks:
+        root = tmp_path / str(len(list(tmp_path.iterdir())))
+        root.mkdir()
+        (root / "nbgrader_config.py").write_text(
+            (paths.COURSE_ROOT / "nbgrader_config.py").read_text() + "\n" + block
+        )
+        policies = settings.load(root)
+        assert policies and all(p.due is not None for p in policies.values()), block
+
+
+def test_a_held_page_names_the_date():
+    three = [_entry(n, 5) for n in (1, 2, 3)]
+    due = datetime(2026, 1, 20, 23, 59)
+    held = attempts.decide(three, T, P3, due, now=T)
+    assert "after the due date (2026-01-20 23:59 UTC)" in held.why_held
+
+
 # --- the service, end to end ---------------------------------------------------------
 
 

@@ -121,16 +121,27 @@ class Service:
         try:
             policies = settings.load(self.root)
         except settings.SettingsError as exc:
-            log(f"{exc}; keeping the settings read before")
+            self._complain(f"{exc}; keeping the settings read before")
             return
         except Exception as exc:  # noqa: BLE001 (a half-edited config file)
-            log(f"could not read nbgrader_config.py ({exc!r:.200}); keeping the last")
+            self._complain(
+                f"could not read nbgrader_config.py ({exc!r:.200}); keeping the last"
+            )
             return
+        self._complained = None
         if policies == self.policies:
             return
         if self.prepare(set(policies) - set(self.policies)) == 0:
             self.policies = policies
             self.announce()
+
+    _complained: str | None = None
+
+    def _complain(self, message: str) -> None:
+        """A mistake in the settings, logged once (not every ``RELOAD_SECONDS``)."""
+        if message != self._complained:
+            log(message)
+            self._complained = message
 
     def take_up(self) -> int:
         """Each student's oldest waiting submission that is not done with, unless one

@@ -6,8 +6,11 @@
 
 ``attempts``: graded attempts per student (0: no limit); ``cooldown_minutes``: the least
 time between two graded attempts; ``keep``: which graded attempt the gradebook holds,
-``"last"`` or ``"best"``; ``due`` (optional, ``YYYY-MM-DD HH:MM:SS`` UTC): when attempts
-kept back are graded (default: the assignment's due date in nbgrader's gradebook).
+``"last"`` or ``"best"``; ``due`` (``YYYY-MM-DD HH:MM:SS`` UTC): when attempts kept back
+are graded (default: the assignment's due date in nbgrader's gradebook). An entry that
+can hold an attempt back (``attempts`` or ``cooldown_minutes`` above 0) needs a due date,
+one or the other: without one, a held attempt would never be graded, so such an entry is
+refused when the settings are read, with a message that says what to add.
 """
 
 from __future__ import annotations
@@ -98,7 +101,28 @@ def load(root: Path) -> dict[str, Policy]:
                 f"course (known: {', '.join(known)})"
             )
         found[assignment] = policy(assignment, entry)
+    for assignment, rule in found.items():
+        if (rule.attempts or rule.cooldown_minutes) and (
+            due_date(root, assignment, rule) is None
+        ):
+            raise SettingsError(no_due_date(assignment, rule))
     return found
+
+
+def no_due_date(assignment: str, rule: Policy) -> str:
+    """Why an entry that can hold attempts back is refused without a due date, and
+    what to add."""
+    holds = (
+        f"'attempts': {rule.attempts}" if rule.attempts
+        else f"'cooldown_minutes': {rule.cooldown_minutes:g}"
+    )  # fmt: skip
+    return (
+        f"GradeOnSubmit.assignments[{assignment!r}] holds attempts back ({holds}) until "
+        f"the due date, but {assignment} has none, so a held attempt would never be "
+        f"graded: add a 'due' to its entry, e.g. 'due': '2026-02-01 23:59:00' (UTC), "
+        f"or give the assignment a due date in the gradebook (in the course root: "
+        f"nbgrader db assignment add {assignment} --duedate '2026-02-01 23:59:00')"
+    )
 
 
 def check_owner(root: Path) -> bool:
