@@ -185,7 +185,7 @@ class _ClassRun:
     def __init__(self, args, root, shard):
         self.args, self.root, self.shard = args, root, shard
         self.journal, self.kept, self.notebooks, self.results = None, {}, {}, None
-        self.pages = []
+        self.pages, self.entering = [], None
 
     def run(self) -> int:
         from autograder.grading.recording import autograde as ag
@@ -194,7 +194,7 @@ class _ClassRun:
         args, root, shard = self.args, self.root, self.shard
         entering = None
         if shard is None:  # on the other core while the grader starts; needed to record
-            entering = ag.Entering(root, args.assignment)
+            entering = self.entering = ag.Entering(root, args.assignment)
         limits = _limits(args)
         if shard is None:
             self.journal = ag.Journal(ag.journal_path(root, args.assignment))
@@ -339,7 +339,11 @@ class _ClassRun:
         )
 
     def stopped(self, stop) -> None:
-        """What a stop kept and what is left, for the instructor."""
+        """A stop (SIGINT or SIGTERM; the handlers are back to the default, so a second
+        one ends the process at once): every verdict finished and not yet in the
+        gradebook is recorded there now, as the rerun would record it (its completion
+        mark is the one the rerun checks), then what was recorded and what is left is
+        said. A shard keeps its verdicts for its own rerun (it records nothing)."""
         from autograder.grading.recording import autograde as ag
 
         kept = self.journal.load() if self.journal else {}
@@ -348,7 +352,7 @@ class _ClassRun:
         left = len(this_run - set(kept))
         where = self.journal.path if self.journal else None
         again = "run the same command again to go on"
-        if self.results is None or self.shard is not None:
+        if self.shard is not None or self.entering is None:
             print(
                 f"[autograder] stopped by {stop}: {len(kept)} verdict(s) kept in "
                 f"{where}, {left} submission(s) left to grade; {again} (it grades "
@@ -356,14 +360,47 @@ class _ClassRun:
                 file=sys.stderr,
             )
             return
-        _, done, _ = ag.recorded_already(
-            self.root, self.args.assignment, list(kept.values()), self.args.feedback
+        phase = " while recording" if self.results is not None else ""
+        args = self.args
+        # only verdicts that still hold (same file, digest, version, limits, seed)
+        everyone = ag.submissions(self.root, args.assignment, None, True)
+        kept = self.journal.kept(everyone, args.assignment, args.seed, _limits(args))
+        left = len(this_run - set(kept))
+        todo, done, pages = ag.recorded_already(
+            self.root, args.assignment, list(kept.values()), args.feedback
+        )
+        status = 0
+        if todo or pages:
+            print(
+                f"[autograder] stopped by {stop}{phase}: recording the {len(todo)} "
+                f"verdict(s) finished and not yet in the gradebook ({stop} again to "
+                "leave them for the rerun: they are kept)",
+                file=sys.stderr,
+            )
+            if self.entering.result() != 0:
+                status = 1
+            else:
+                # the whole run's students in id order, as one run would enter them
+                ag._enter_students(self.root, sorted(this_run | set(kept)))
+                status = ag.record(
+                    self.root, args.assignment, todo, True, args.jobs, args.feedback,
+                    pages=pages,
+                )  # fmt: skip
+        _, recorded, _ = ag.recorded_already(
+            self.root, args.assignment, list(kept.values()), args.feedback
+        )
+        now = len(set(recorded) - set(done))
+        failed = (
+            f" (nbgrader exited with {status}: its log above says why)"
+            if status
+            else ""
         )
         print(
-            f"[autograder] stopped by {stop} while recording: {len(kept)} verdict(s) "
-            f"kept in {where}, {len(done)} student(s) recorded, "
-            f"{len(kept) - len(done)} left to record; {again} (nothing is graded "
-            "again)",
+            f"[autograder] stopped by {stop}{phase}: {len(kept)} verdict(s) finished "
+            f"(kept in {where}), {len(recorded)} recorded in the gradebook ({now} of "
+            f"them now{failed}): formgrader and export show them; "
+            f"{len(kept) - len(recorded)} left to record, {left} submission(s) left to "
+            f"grade; {again} (it grades only those left)",
             file=sys.stderr,
         )
 
@@ -553,6 +590,8 @@ def _report(result: dict, as_json: bool) -> None:
         print(
             f"  {mark} {test['id']} {test['score']:g}/{test['max_score']:g}: {test['message']}"
         )
+        if test.get("remark"):  # on a line of its own: it took no point
+            print(f"       {test['remark']}")
 
 
 def _serve_submissions(args) -> int:
@@ -564,7 +603,9 @@ def _serve_submissions(args) -> int:
     root = ag.course_root(args.course_dir)
     try:
         exchange, course_id = exchange_of(root, args.exchange)
-        service = Service(root, exchange, course_id, args.jobs, _limits(args))
+        service = Service(
+            root, exchange, course_id, args.jobs, _limits(args), strict=args.once
+        )
     except (settings.SettingsError, AlreadyServing) as exc:
         print(f"[on-submit] {exc}", file=sys.stderr)
         return 2

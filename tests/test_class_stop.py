@@ -175,14 +175,10 @@ def test_a_class_run_stopped_at_every_moment_ends_with_every_grade_once(
     root = class_course(tmp_path / "course", CHAPTER, SUBMISSIONS, TIMESTAMPS)
     journal = root / "runs" / f"{CHAPTER}.jsonl"
 
-    # Ctrl-C while grading, after the first verdict: it is kept, nothing is recorded
-    run = _start(*_autograde(root, "--jobs", 1))
-    _when(lambda: _lines(journal) >= 1, run)
-    os.killpg(run.pid, signal.SIGINT)
-    _, err = _end(run, 130)
-    assert "stopped by SIGINT" in err and "left to grade" in err, err[-3000:]
+    # killed hard right after the first verdict: it is kept, nothing is recorded
+    _end(_start(*_autograde(root, "--jobs", 1), stop_at="graded:1"), -9)
     kept = _lines(journal)
-    assert 1 <= kept < len(SUBMISSIONS)
+    assert kept == 1 and not completion.read(root / "gradebook.db", CHAPTER)
 
     # killed while nbgrader writes bob's gradebook entry: the rest is graded, not
     # what was kept; alice is recorded; bob's half record (0 points) is no record
@@ -243,6 +239,72 @@ def test_a_class_run_stopped_at_every_moment_ends_with_every_grade_once(
     # once complete, a run finds nothing to do
     _, err = _end(_start(*_autograde(root, "--jobs", 2)), 0)
     assert f"{len(SUBMISSIONS)} already recorded, 0 to grade" in err
+
+
+def _recorded(root):
+    """The students whose recording completed (their completion mark), and what
+    ``nbgrader export`` lists for each: a student's score, '' for none."""
+    marks = completion.read(root / "gradebook.db", CHAPTER)
+    rows = {}
+    for line in _export(root).splitlines()[1:]:
+        row = line.split(",")
+        if row[0] == CHAPTER:
+            rows[row[3]] = row[-2] if row[-2] else ""
+    return set(marks), rows
+
+
+def test_ctrl_c_and_sigterm_record_every_verdict_they_finished(clean, tmp_path):
+    """Ctrl-C while grading (SIGINT to the run's process group, as a terminal sends
+    it), then SIGTERM to the rerun's process alone (a scheduler's): each stop records in
+    the gradebook every verdict it finished, with the completion mark the rerun
+    checks, and says how many it recorded and how many are left; formgrader's gradebook
+    and ``nbgrader export`` show them at once. The last run grades only what is left,
+    and the end is the clean run's."""
+    root = class_course(tmp_path / "course", CHAPTER, SUBMISSIONS, TIMESTAMPS)
+    journal = root / "runs" / f"{CHAPTER}.jsonl"
+    header = _export(root).splitlines()[0].split(",")
+    assert header[3] == "student_id" and header[-2] == "score", header
+
+    run = _start(*_autograde(root, "--jobs", 1))
+    _when(lambda: _lines(journal) >= 1, run)
+    os.killpg(run.pid, signal.SIGINT)
+    _, err = _end(run, 130)
+    kept = _lines(journal)
+    assert 1 <= kept < len(SUBMISSIONS), err[-3000:]
+    assert (
+        re.search(
+            f"stopped by SIGINT( while recording)?: {kept} verdict.s. finished", err
+        )
+        and f"{kept} recorded in the gradebook ({kept} of them now)" in err
+        and f"{len(SUBMISSIONS) - kept} submission(s) left to grade" in err
+    ), err[-3000:]
+    recorded, exported = _recorded(root)
+    assert len(recorded) == kept
+    for student in recorded:  # the clean run's grade, and page
+        assert float(exported[student]) == SCORES[student], exported
+        assert _gradebook(root)[student] == clean[1][student]
+        page = root / "feedback" / student / CHAPTER / f"{CHAPTER}.html"
+        assert page.is_file()
+    assert completion.read(root / "gradebook.db", CHAPTER).keys() == recorded
+
+    run = _start(*_autograde(root, "--jobs", 1))
+    _when(lambda: _lines(journal) >= kept + 1, run)
+    run.send_signal(signal.SIGTERM)
+    _, err = _end(run, 143)
+    assert f"{kept} already recorded, 0 graded before a stop" not in err
+    assert f"{kept} already recorded, " in err, err[-3000:]
+    now = _lines(journal)
+    assert re.search(
+        f"stopped by SIGTERM( while recording)?: {now} verdict.s. finished", err
+    ), err[-3000:]
+    assert f"{now} recorded in the gradebook ({now - kept} of them now)" in err
+    recorded, exported = _recorded(root)
+    assert len(recorded) == now
+    assert all(float(exported[s]) == SCORES[s] for s in recorded), exported
+
+    _, err = _end(_start(*_autograde(root, "--jobs", 2)), 0)
+    assert f"{now} already recorded, {len(SUBMISSIONS) - now} to grade" in err, err
+    _assert_as_clean(root, clean)
 
 
 def test_recorded_beside_the_grading_as_after_it_and_stopped_there(clean, tmp_path):
