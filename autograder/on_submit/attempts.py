@@ -1,7 +1,8 @@
 """Whether a submission is graded now or kept until the due date, and which graded
 attempt the gradebook holds. The grader must not become an oracle: a student has
-``attempts`` graded attempts, at least ``cooldown_minutes`` apart (by the times
-nbgrader stamped on them); anything beyond is kept and graded once the due date has
+``attempts`` graded attempts, at least ``cooldown_minutes`` apart (by the times they
+reached the exchange, ``inbound.waiting``, not the times the student's nbgrader wrote
+in their names); anything beyond is kept and graded once the due date has
 passed. After the due date nothing is held back (a late submission is graded, and
 nbgrader's late penalty applies as for any other)."""
 
@@ -12,7 +13,12 @@ from datetime import datetime, timedelta
 
 from autograder.on_submit.settings import Policy
 
-TIME = "%Y-%m-%d %H:%M:%S"
+TIME = "%Y-%m-%d %H:%M:%S.%f"  # a submission's time in the journal (read: any ISO form)
+
+
+def parse(text: str) -> datetime:
+    """A journal's time (seconds, or microseconds too)."""
+    return datetime.fromisoformat(text)
 
 
 @dataclass(frozen=True)
@@ -47,7 +53,7 @@ def decide(
         )
         return Decision(False, None, why)
     if policy.cooldown_minutes and graded:
-        last = datetime.strptime(graded[-1]["timestamp"], TIME)
+        last = parse(graded[-1]["timestamp"])
         ready = last + timedelta(minutes=policy.cooldown_minutes)
         if when < ready:
             why = (

@@ -1,6 +1,9 @@
 """The exchange's inbound submissions: ``inbound/{student}+{assignment}+{time}+{random}``
 as ``nbgrader submit`` names them, oldest first, and whether the login they name made
-them (``owned_collect.foreign_owners``)."""
+them (``owned_collect.foreign_owners``). A submission's time is when it reached the
+exchange (``timestamps.arrived``: its files' change time, which the student cannot set
+back), as the service first saw it (kept in its journal); never the time in the
+folder's name or its ``timestamp.txt``, which the submitting student writes."""
 
 from __future__ import annotations
 
@@ -29,23 +32,17 @@ class Submission:
         return self.folder / f"{self.assignment}.ipynb"
 
 
-def _parse_time(text: str) -> datetime | None:
-    from nbgrader.utils import parse_utc
-
-    try:
-        return parse_utc(text).replace(tzinfo=None)
-    except (ValueError, TypeError, OverflowError):
-        return None
-
-
 def inbound_path(exchange: Path, course_id: str) -> Path:
     return Path(exchange) / course_id / "inbound"
 
 
-def waiting(inbound: Path, assignments) -> list[Submission]:
+def waiting(inbound: Path, assignments, seen=None) -> list[Submission]:
     """Every complete submission of ``assignments`` in ``inbound``, oldest first (ties:
     by name). One still being copied (no ``submission_secret.txt`` yet, which nbgrader
-    writes last) waits for the next look."""
+    writes last) waits for the next look. Its time: ``seen(name)`` (the time the
+    service took when it first saw it), else when it arrived."""
+    from autograder.grading.recording.timestamps import arrived
+
     found = []
     try:
         names = os.listdir(inbound)
@@ -58,9 +55,12 @@ def waiting(inbound: Path, assignments) -> list[Submission]:
         folder = inbound / name
         if not (folder / "submission_secret.txt").is_file():
             continue
-        when = _parse_time(parts[2])
+        when = seen(name) if seen is not None else None
         if when is None:
-            continue
+            try:
+                when = arrived(folder)
+            except OSError:  # gone meanwhile
+                continue
         found.append(Submission(folder, parts[0], parts[1], when))
     return sorted(found, key=lambda s: (s.timestamp, s.key))
 

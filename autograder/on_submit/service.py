@@ -14,6 +14,7 @@ else finished meanwhile (one ``record`` for all of them)."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 import time
@@ -47,19 +48,56 @@ def exchange_of(root: Path, exchange: Path | None) -> tuple[Path, str]:
     return Path(exchange), course_id
 
 
+LOG_FILE: Path | None = None  # the service's own log (``on_submit/service.log``)
+
+
 def log(message: str) -> None:
-    print(f"[on-submit] {message}", file=sys.stderr, flush=True)
+    """A line to stderr (the hub's log, systemd's journal, the terminal) and to the
+    service's log file in the course root, which the instructor can read anywhere."""
+    line = f"[on-submit] {message}"
+    print(line, file=sys.stderr, flush=True)
+    if LOG_FILE is not None:
+        try:
+            with open(LOG_FILE, "a") as f:
+                f.write(f"{time.strftime('%Y-%m-%d %H:%M:%S')} {line}\n")
+        except OSError:
+            pass
+
+
+def log_files(root: Path) -> tuple[Path, Path]:
+    """The service's log and the file with its process id, in the course root."""
+    folder = Path(root) / "on_submit"
+    return folder / "service.log", folder / "service.pid"
 
 
 class Service:
-    def __init__(self, root: Path, exchange: Path, course_id: str, jobs: int, limits):
+    def __init__(
+        self, root: Path, exchange: Path, course_id: str, jobs: int, limits,
+        strict: bool = True,
+    ):  # fmt: skip
+        """``strict``: a mistake in the settings is raised (``--once``); else it is
+        logged and nothing is graded until it is fixed (a service the hub or systemd
+        restarts must not exit over it: it would be started again and again)."""
         self.root, self.exchange, self.course_id = Path(root), Path(exchange), course_id
         self.jobs, self.limits = max(1, jobs), limits
-        self.policies = settings.load(self.root)
         self.check_owner = settings.check_owner(self.root)
         self.inbound = inbound_path(self.exchange, course_id)
         self.work = self.root / "on_submit" / "attempts"  # each graded attempt's copy
-        self.journal = Journal(self.root)
+        self.journal = Journal(self.root)  # refuses a second service
+        global LOG_FILE
+        LOG_FILE, self.pid_file = log_files(self.root)
+        try:
+            self.policies = settings.load(self.root)
+        except settings.SettingsError as exc:
+            if strict:
+                self.journal.close()
+                raise
+            self.policies = {}
+            self._complain(
+                f"{exc}; nothing is graded on submit until it is fixed (the settings "
+                "are read again every 10 s)"
+            )
+        self.pid_file.write_text(f"{os.getpid()}\n")
         self.busy: dict[
             tuple[str, str], Future
         ] = {}  # (student, assignment) -> grading
@@ -68,10 +106,24 @@ class Service:
     # --- the loop -------------------------------------------------------------------
 
     def run(self, once: bool = False) -> int:
+        """The loop; its process id in ``on_submit/service.pid`` while it runs (``kill
+        $(cat ...)`` stops it: the hub, or systemd, starts it again)."""
+        try:
+            return self._run(once)
+        finally:
+            try:
+                if self.pid_file.read_text().strip() == str(os.getpid()):
+                    self.pid_file.unlink()
+            except OSError:
+                pass
+            log("stopped")
+
+    def _run(self, once: bool) -> int:
         from autograder.grading.grade import _in_a_thread
         from autograder.grading.running.preflight import prove
         from autograder.grading.running.sandbox import Sandbox
 
+        log(f"started (process {os.getpid()})")
         if once and not self.policies:
             log("no assignment is graded on submit (c.GradeOnSubmit.assignments)")
             return 0
@@ -137,6 +189,14 @@ class Service:
 
     _complained: str | None = None
 
+    def _seen(self, key: str):
+        """The time the journal keeps for a submission (when it arrived, as first
+        seen): a change to its files since cannot move it."""
+        entry = self.journal.entries.get(key)
+        if entry and entry.get("timestamp"):
+            return attempts.parse(entry["timestamp"])
+        return None
+
     def _complain(self, message: str) -> None:
         """A mistake in the settings, logged once (not every ``RELOAD_SECONDS``)."""
         if message != self._complained:
@@ -148,7 +208,7 @@ class Service:
         of theirs is being graded: refused, held or sent to a worker."""
         taken = 0
         seen = set()
-        for sub in waiting(self.inbound, self.policies):
+        for sub in waiting(self.inbound, self.policies, self._seen):
             who = (sub.student, sub.assignment)
             state = self.journal.state(sub.key)
             done_with = ("graded", "refused", "fault")
@@ -214,11 +274,16 @@ class Service:
     def start(self, sub: Submission, number: int, entry: dict) -> None:
         """Copy the attempt where the jail cannot see it from a kernel, then grade it
         (or, when a crash came after its verdict, go straight to recording it)."""
+        from autograder.grading.recording.timestamps import write_time
+
         copy = self.work / sub.key
         copy.mkdir(parents=True, exist_ok=True)
-        for name in (f"{sub.assignment}.ipynb", "timestamp.txt"):
-            if (sub.folder / name).is_file():
-                shutil.copy(sub.folder / name, copy / name)
+        name = f"{sub.assignment}.ipynb"
+        if (sub.folder / name).is_file():
+            shutil.copy(sub.folder / name, copy / name)
+        # the time it arrived, never the student's timestamp.txt: nbgrader's late
+        # penalty reads this one
+        write_time(copy, sub.timestamp)
         who = (sub.student, sub.assignment)
         self.pending[who] = sub
         if entry.get("state") == "verdict":

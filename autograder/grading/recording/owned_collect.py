@@ -10,6 +10,13 @@ real owner), and the named student's own latest submission is collected as if th
 other had never been there. Set in the course config (``c.ExchangeFactory.collect``).
 Where the exchange cannot tell owners apart (Windows, or a login that is no unix user)
 nbgrader's own rule holds, as ``CollectApp.check_owner = False`` turns it off.
+
+A submission's time is when it reached the exchange (``timestamps.arrived``: the latest
+change time of its folder and files, which the student cannot set back), never the time
+in its folder's name or its ``timestamp.txt``, which the student writes: that time
+chooses the latest submission (and, with ``--before-duedate``, the latest before the
+due date), and is written into the collected copy's ``timestamp.txt``, from which
+``nbgrader autograde`` records the submission's time and its late penalty.
 """
 
 from __future__ import annotations
@@ -45,6 +52,33 @@ def foreign_owners(path: str, student: str) -> set[str]:
 
 
 class OwnedCollect(ExchangeCollect):
+    def _path_to_record(self, path):
+        from autograder.grading.recording.timestamps import arrived
+
+        record = super()._path_to_record(path)  # the student and the name's time
+        record["named"], record["timestamp"] = record["timestamp"], arrived(path)
+        return record
+
+    def do_copy(self, src, dest, log=None):
+        """The student's files, then ``timestamp.txt`` with the time it arrived."""
+        from autograder.grading.recording.timestamps import (
+            FORMAT,
+            arrived,
+            named_time,
+            write_time,
+        )
+
+        when = arrived(src)
+        super().do_copy(src, dest, log)
+        write_time(dest, when)
+        named = named_time(os.path.basename(src))
+        if named is not None and abs((named - when).total_seconds()) > 60:
+            self.log.warning(
+                "%s: its name says %s; it reached the exchange at %s, the time that "
+                "counts (timestamp.txt says so now)",
+                src, named.strftime(FORMAT), when.strftime(FORMAT),
+            )  # fmt: skip
+
     def init_src(self):
         super().init_src()  # nbgrader's paths, due date and choice of records
         if not self.check_owner or pwd is None or sys.platform == "win32":

@@ -140,3 +140,41 @@ def unstamped(root: Path, assignment: str, students: list[str]) -> tuple[list, s
         for s in students
         if not (root / "submitted" / s / assignment / "timestamp.txt").is_file()
     ], str(row[0])
+
+
+# --- times a student cannot write ---------------------------------------------------
+
+
+def arrived(folder: Path | str) -> datetime:
+    """When a submission reached the exchange, by what its submitter cannot set: the
+    latest change time (ctime) of its folder and of everything in it, naive UTC. A
+    folder's name and its ``timestamp.txt`` are the submitting student's to write (a
+    name stamped in the future, a time in the past); a change time is the kernel's, set
+    to the present by every change (``utime`` sets the other two times, never this one),
+    so a student can only make it later. Copying the exchange elsewhere sets it to the
+    time of the copy: collect from the exchange itself."""
+    import os
+
+    latest = os.lstat(folder).st_ctime
+    for top, dirs, files in os.walk(folder):
+        for name in dirs + files:
+            latest = max(latest, os.lstat(os.path.join(top, name)).st_ctime)
+    return datetime.fromtimestamp(latest, UTC).replace(tzinfo=None)
+
+
+def write_time(folder: Path | str, when: datetime) -> None:
+    """``folder/timestamp.txt`` as nbgrader's collect leaves it, with ``when`` (naive
+    UTC): the time nbgrader's autograde records and judges lateness by."""
+    (Path(folder) / "timestamp.txt").write_text(when.strftime(FORMAT))
+
+
+def named_time(name: str) -> datetime | None:
+    """The time an exchange folder's name gives (``student+assignment+time+random``),
+    naive UTC; None if it gives none. For the log only: it never decides anything."""
+    from nbgrader.utils import parse_utc
+
+    parts = name.rsplit("+", 3)
+    try:
+        return parse_utc(parts[2]) if len(parts) >= 3 else None
+    except (ValueError, TypeError, OverflowError):
+        return None
