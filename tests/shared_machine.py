@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import shlex
 import shutil
 import stat
 import subprocess
@@ -65,6 +66,7 @@ class PythonView:
         closed = {_closed_ancestor(p) for p in prefixes | {python}} - {None}
         self.closed = self.folder = None
         self.shown: list[str] = []
+        self.binds: list[tuple[Path, Path]] = []  # more folders shown in the view
         if not closed:
             return
         if len(closed) > 1 or Path("/") in closed:
@@ -78,13 +80,26 @@ class PythonView:
         for name in self.shown:
             (self.folder / name).mkdir(mode=0o755)
 
+    def bind(self, source: Path, target: Path) -> None:
+        """In every command's view, ``source`` shows at ``target`` (a machine's folder,
+        such as ``/etc/profile.d``, as set-up would have written it: nothing changes
+        outside the command)."""
+        self.binds.append((Path(source), Path(target)))
+
     def wrap(self, command: list[str]) -> list[str]:
-        if self.closed is None:
+        if self.closed is None and not self.binds:
             return command
+        binds = "".join(
+            f"mount --rbind {shlex.quote(str(s))} {shlex.quote(str(t))}; "
+            for s, t in self.binds
+        )
+        if self.closed is None:
+            return ["unshare", "--mount", "--propagation", "private", "--", "sh",
+                    "-c", f'set -e; {binds}exec "$@"', "sh", *command]  # fmt: skip
         script = (
             'set -e; view=$1; closed=$2; shift 2; while [ "$1" != -- ]; do '
             'mount --rbind "$closed/$1" "$view/$1"; shift; done; shift; '
-            'mount --rbind "$view" "$closed"; exec "$@"'
+            f'mount --rbind "$view" "$closed"; {binds}exec "$@"'
         )
         return [
             "unshare", "--mount", "--propagation", "private", "--", "sh", "-c",

@@ -240,11 +240,18 @@ def _walk(w: Walk, browser) -> Walk:
     copy_working_tree(paths.REPO, w.clone, w.instructor)
     hub_dir = w.base / "hub"
     (w.base / "systemd").mkdir()  # setup's unit of grading on submit: not the machine's
+    # the login shells' PATH line goes into a copy of the machine's /etc/profile.d,
+    # which every command of the users and the hub sees in its place: a terminal in
+    # JupyterLab (a login shell) finds `python` as the guide's commands type it
+    profile = w.base / "profile.d"
+    shutil.copytree("/etc/profile.d", profile)
+    users.view.bind(profile, Path("/etc/profile.d"))
     setup = [
         "sh", str(DEPLOY / "setup.sh"), "--exchange", str(w.base / "exchange"),
         "--config-dir", str(users.config_dir), "--hub-dir", str(hub_dir),
         "--python", sys.executable, "--unit-dir", str(w.base / "systemd"),
-        "--instructor", w.instructor, *w.students.values(),
+        "--profile-dir", str(profile), "--instructor", w.instructor,
+        *w.students.values(),
     ]  # fmt: skip
     # (in the users' view of the Python installation, as the hub runs: setup.sh checks
     # that they can run it)
@@ -335,8 +342,11 @@ def _walk(w: Walk, browser) -> Walk:
     teacher = Session(browser, hub, w.instructor, passwords[w.instructor])
     w.sessions.append(teacher)
     started = time.monotonic()
+    w.seen["python in a terminal"] = teacher.terminal(
+        "command -v python", Users.home(w.instructor) / "which-python.status"
+    )
     w.seen["class autograde"] = teacher.terminal(
-        f"cd ~/attention-course && {sys.executable} -m autograder autograde {CHAPTER}"
+        f"cd ~/attention-course && python -m autograder autograde {CHAPTER}"
         " --jobs 2 --force",
         Users.home(w.instructor) / "class-autograde.status",
     )
@@ -401,7 +411,26 @@ def _walk(w: Walk, browser) -> Walk:
         f"echo {line} >> {shlex.quote(str(config))}",
         Users.home(w.instructor) / "switch-on.status",
     )
-    _wait_for(lambda: f"grading on submit: {CHAPTER}" in hub.log_text(), "switch-on")
+    log = w.course_root / "on_submit" / "service.log"
+
+    def service_log() -> str:
+        return log.read_text() if log.exists() else ""
+
+    _wait_for(lambda: f"grading on submit: {CHAPTER}" in service_log(), "switch-on")
+    # the guide's restart: the hub starts the service again at once
+    pid = (w.course_root / "on_submit" / "service.pid").read_text().strip()
+    w.seen["restart"] = teacher.terminal(
+        "kill $(cat ~/attention-course/autograder/course/on_submit/service.pid)",
+        Users.home(w.instructor) / "restart.status",
+    )
+    _wait_for(
+        lambda: service_log().count(f"grading on submit: {CHAPTER}") >= 2, "restart"
+    )
+    w.seen["service pids"] = (
+        pid,
+        (w.course_root / "on_submit" / "service.pid").read_text().strip(),
+    )
+    w.seen["log after restart"] = service_log()
     w.seen["bob attempt 1"] = _fetched_page(sessions["bob"], w.work("bob"), 1)
     _answered(notebook["alice"], mistaken=[MISTAKEN])
     for n, name in [(2, "alice attempt 2"), (3, "alice held")]:
@@ -414,7 +443,7 @@ def _walk(w: Walk, browser) -> Walk:
     w.seen["provenance"] = _provenance(w)
     out = Users.home(w.instructor) / "canvas.csv"
     w.seen["export"] = teacher.terminal(
-        f"cd ~/attention-course && {sys.executable} -m autograder export --lms canvas"
+        "cd ~/attention-course && python -m autograder export --lms canvas"
         f" --assignment {CHAPTER} --out {shlex.quote(str(out))}",
         Users.home(w.instructor) / "export.status",
     )
@@ -635,6 +664,22 @@ def test_grading_on_submit_in_the_assignments_tab(walk):
     kept = walk.seen["provenance"]
     assert kept[alice]["number"] == 1 and kept[alice]["why"].startswith("keep=best")
     assert kept[bob]["number"] == 1
+
+
+def test_the_guides_hub_commands_work_as_typed(walk):
+    """A terminal in the instructor's JupyterLab is a login shell: ``python`` is the
+    course's (the PATH line setup.sh installs); the service's log is where the guide
+    says; ``kill $(cat .../service.pid)`` restarts it (the hub starts it again)."""
+    status, output = walk.seen["python in a terminal"]
+    assert status == 0 and output.strip() == os.path.join(
+        os.path.dirname(sys.executable), "python"
+    ), output
+    status, output = walk.seen["restart"]
+    assert status == 0, output
+    before, after = walk.seen["service pids"]
+    assert before != after, (before, after)
+    log = walk.seen["log after restart"]
+    assert f"started (process {after})" in log and "stopped" in log, log[-3000:]
 
 
 def test_the_instructor_exports_the_grades_for_canvas(walk):

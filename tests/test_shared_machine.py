@@ -129,10 +129,12 @@ def _run_term(t: Term) -> Term:
     # 2. The machine's set-up, as root; run again, it puts right what was changed since
     # (an exchange as nbgrader would have made it, a home as useradd makes it)
     t.units.mkdir()  # the grading-on-submit unit goes here, not into the machine's
+    profile = t.base / "profile.d"  # and the login shells' PATH line
+    profile.mkdir()
     setup = ["sh", str(DEPLOY / "setup.sh"), "--exchange", str(t.exchange),
              "--config-dir", str(users.config_dir), "--instructor", t.instructor,
              "--python", sys.executable, "--unit-dir", str(t.units),
-             *t.students.values()]  # fmt: skip
+             "--profile-dir", str(profile), *t.students.values()]  # fmt: skip
     for run in ("setup", "setup again"):
         if run == "setup again":
             t.exchange.chmod(0o777)
@@ -256,6 +258,16 @@ def test_setup_makes_a_sticky_exchange_and_private_homes(term):
     assert (
         "systemctl daemon-reload && systemctl enable --now" in term.runs["setup"].stdout
     )
+    # every login shell finds the course's `python` first: a terminal (a hub's too)
+    # types `python`, as the guide's commands do
+    line = (term.base / "profile.d" / "attention-course.sh").read_text()
+    bin_dir = os.path.dirname(sys.executable)
+    assert f'PATH="{bin_dir}:$PATH"; export PATH' in line
+    login = subprocess.run(
+        ["env", "-i", "sh", "-c", f". {term.base / 'profile.d' / 'attention-course.sh'}"
+         "; command -v python"], capture_output=True, text=True,
+    )  # fmt: skip
+    assert login.stdout.strip() == os.path.join(bin_dir, "python"), login
 
 
 def test_students_list_fetch_and_validate(term):

@@ -7,7 +7,7 @@
 #
 #   sh setup.sh --instructor USER [--course-clone DIR] [--exchange DIR]
 #               [--config-dir DIR] [--hub-dir DIR] [--python PATH] [--unit-dir DIR]
-#               STUDENT...
+#               [--profile-dir DIR] STUDENT...
 #
 # --python PATH   the course's Python, with JupyterHub, which every user must be able to
 #                 run (default: python3 on root's PATH)
@@ -38,6 +38,7 @@ while [ $# -gt 0 ]; do
     --config-dir) config_dir=${2:?}; pass="$pass --config-dir $2"; shift 2 ;;
     --hub-dir) hub_dir=${2:?}; shift 2 ;;
     --unit-dir) pass="$pass --unit-dir ${2:?}"; shift 2 ;;
+    --profile-dir) pass="$pass --profile-dir ${2:?}"; shift 2 ;;
     --python) python=${2:?}; pass="$pass --python $2"; shift 2 ;;
     --) shift; break ;;
     -*) die "unknown option $1 (see the top of this file)" ;;

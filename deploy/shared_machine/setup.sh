@@ -4,7 +4,8 @@
 # (it only creates what is missing and resets modes). Needs no network.
 #
 #   sh setup.sh --instructor USER [--course-clone DIR] [--exchange DIR]
-#               [--config-dir DIR] [--python PATH] [--unit-dir DIR] STUDENT...
+#               [--config-dir DIR] [--python PATH] [--unit-dir DIR]
+#               [--profile-dir DIR] STUDENT...
 #
 # --instructor USER   the instructor's login; their home folder is made private
 # --course-clone DIR  the instructor's clone of the course (default: ~USER/attention-course)
@@ -15,6 +16,10 @@
 #                     python3 on root's PATH)
 # --unit-dir DIR      where that service's systemd unit goes (default:
 #                     /etc/systemd/system; installed, not enabled)
+# --profile-dir DIR   where attention-course.sh goes, which puts the course's Python
+#                     (--python's folder) first on every login shell's PATH, so that
+#                     `python` and `nbgrader` are the course's in any terminal, a
+#                     JupyterHub terminal included (default: /etc/profile.d)
 # STUDENT...          the students' logins (their nbgrader student ids): homes made private
 set -eu
 
@@ -25,6 +30,7 @@ instructor=
 clone=
 python=
 unit_dir=/etc/systemd/system
+profile_dir=/etc/profile.d
 
 die() {
     echo "setup.sh: $*" >&2
@@ -39,6 +45,7 @@ while [ $# -gt 0 ]; do
     --config-dir) config_dir=${2:?}; shift 2 ;;
     --python) python=${2:?}; shift 2 ;;
     --unit-dir) unit_dir=${2:?}; shift 2 ;;
+    --profile-dir) profile_dir=${2:?}; shift 2 ;;
     --) shift; break ;;
     -*) die "unknown option $1 (see the top of this file)" ;;
     *) break ;;
@@ -122,6 +129,24 @@ else
         "in $clone, under your service manager" >&2
     unit=
 fi
+
+# 6. The course's Python on every login shell's PATH: a terminal (ssh, or JupyterLab's
+#    on a hub, which starts a login shell) finds `python` and `nbgrader` there, as the
+#    instructor guide's commands type them.
+bin=$(dirname "${python:-/usr/bin/python3}")
+case $bin in
+/usr/bin | /bin | /usr/local/bin) ;;
+*)
+    if [ -d "$profile_dir" ]; then
+        printf '%s\n' "# The attention course's Python first on PATH (deploy/shared_machine/setup.sh)" \
+            "PATH=\"$bin:\$PATH\"; export PATH" >"$tmp"
+        install -m 0644 -o root -g root "$tmp" "$profile_dir/attention-course.sh"
+        echo "login shells: $bin first on PATH ($profile_dir/attention-course.sh)"
+    else
+        echo "setup.sh: no $profile_dir: put $bin on everyone's PATH yourself" >&2
+    fi
+    ;;
+esac
 
 echo "exchange $exchange (mode 1777), config $config_dir/nbgrader_config.py," \
     "private homes for $instructor and $# student(s)"
