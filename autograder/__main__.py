@@ -601,14 +601,30 @@ def _serve_submissions(args) -> int:
     from autograder.on_submit.service import Service, exchange_of
 
     root = ag.course_root(args.course_dir)
-    try:
-        exchange, course_id = exchange_of(root, args.exchange)
-        service = Service(
-            root, exchange, course_id, args.jobs, _limits(args), strict=args.once
-        )
-    except (settings.SettingsError, AlreadyServing) as exc:
-        print(f"[on-submit] {exc}", file=sys.stderr)
-        return 2
+    waited = False
+    while True:
+        try:
+            exchange, course_id = exchange_of(root, args.exchange)
+            service = Service(
+                root, exchange, course_id, args.jobs, _limits(args), strict=args.once
+            )
+            break
+        except settings.SettingsError as exc:
+            print(f"[on-submit] {exc}", file=sys.stderr)
+            return 2
+        except AlreadyServing as exc:
+            # a service that the hub or systemd starts again must not exit over it:
+            # it would be started again and again
+            if args.once:
+                print(f"[on-submit] {exc}", file=sys.stderr)
+                return 2
+            if not waited:
+                print(f"[on-submit] {exc}; waiting for it to stop", file=sys.stderr)
+                waited = True
+            try:
+                time.sleep(10)
+            except KeyboardInterrupt:
+                return 130
     with ag.stop_on_signals():
         try:
             return service.run(once=args.once)
