@@ -235,7 +235,7 @@ def kv_cache_step(
 
 
 class FlashAttentionFunction(torch.autograd.Function):
-    """FlashAttention-2 with its own backward pass (Dao 2023, Algorithms 1 and 2).
+    """FlashAttention-2 with its own backward pass (Dao 2024, Algorithms 1 and 2).
 
     The forward saves q, k, v, the output and one number per query row, the log-sum-exp
     L = m + log(l); the backward recomputes each tile's probabilities as exp(s - L).

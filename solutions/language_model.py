@@ -38,7 +38,7 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         dtype = x.dtype
-        x = x.float()  # squares of 16-bit numbers overflow or lose digits: use float32
+        x = x.float()  # float16 squares overflow past 256 and lose digits: float32
         rms = torch.sqrt(x.pow(2).mean(dim=-1, keepdim=True) + self.eps)  # (..., 1)
         return (x / rms * self.weight).to(dtype)  # (..., d_model)
 
@@ -235,8 +235,8 @@ def generate(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Extend prompt (B, n) by max_new_tokens tokens with a key-value cache.
 
-    Returns the tokens (B, n + max_new_tokens) and the logits each new token was drawn
-    from (B, max_new_tokens, vocab)."""
+    Returns the tokens (B, n + max_new_tokens) and, for each new token, the model's logits
+    at the last position (B, max_new_tokens, vocab), before the temperature and filters."""
     caches = [None] * len(model.layers)
     # prefill: the whole prompt in one call fills every layer's cache
     logits, caches = model(prompt, caches=caches)  # (B, n, vocab)

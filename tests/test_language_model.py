@@ -278,6 +278,30 @@ def _sample_top_p_strict(
     return torch.multinomial(flat, 1, generator=generator).reshape(probs.shape[:-1])
 
 
+def _sample_shifted_removal(
+    logits, temperature=1.0, top_k=None, top_p=None, generator=None
+):
+    """The common shifted mask: remove a token when the running sum before it exceeds p,
+    so a token whose higher-ranked tokens hold exactly p stays (one too many)."""
+    if temperature == 0:
+        return logits.argmax(-1)
+    probs = torch.softmax(logits / temperature, -1)
+    if top_p is not None:
+        s, order = probs.sort(-1, descending=True)
+        remove = s.cumsum(-1) > top_p
+        remove = torch.cat([torch.zeros_like(remove[..., :1]), remove[..., :-1]], -1)
+        probs = probs.masked_fill(remove.scatter(-1, order, remove), 0.0)
+    flat = probs.reshape(-1, probs.size(-1))
+    return torch.multinomial(flat, 1, generator=generator).reshape(probs.shape[:-1])
+
+
+class _RMSNormHalfSquares(lm.RMSNorm):
+    """The right formula in the input's own dtype, with rsqrt: float16 squares overflow."""
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
 def _generate_without_prompt(
     model,
     prompt,
@@ -348,7 +372,11 @@ class _MLACachesRawLatent(lm.MultiHeadLatentAttention):
 
 
 INDEPENDENT_WRONG_ANSWERS = {
-    "RMSNorm": {_rmsnorm_variance(): ["lm_rmsnorm"], _RMSNormOverBatch: ["lm_rmsnorm"]},
+    "RMSNorm": {
+        _rmsnorm_variance(): ["lm_rmsnorm"],
+        _RMSNormOverBatch: ["lm_rmsnorm"],
+        _RMSNormHalfSquares: ["lm_rmsnorm_float16"],
+    },
     "silu": [_silu_tanh],
     "SwiGLU": [_SwiGLUAdditiveGate],
     "CausalSelfAttention": {
@@ -356,7 +384,10 @@ INDEPENDENT_WRONG_ANSWERS = {
         _AttentionRepeatNotInterleave: ["lm_attention"],
     },
     "cross_entropy": [_ce_no_mean],
-    "sample": {_sample_top_p_strict: ["lm_sample_top_p"]},
+    "sample": {
+        _sample_top_p_strict: ["lm_sample_top_p"],
+        _sample_shifted_removal: ["lm_sample_top_p"],
+    },
     "generate": [_generate_without_prompt],
     "MultiHeadLatentAttention": [_MLAOneRotaryQuery, _MLACachesRawLatent],
 }
@@ -383,6 +414,21 @@ class _RMSNormRsqrt(torch.nn.Module):
         x32 = x.to(torch.float32)
         scale = torch.rsqrt(torch.mean(x32 * x32, dim=-1, keepdim=True) + self.eps)
         return (self.weight * (x32 * scale)).type_as(x)
+
+
+class _RMSNormLlama(torch.nn.Module):
+    """Llama's order: normalise in float32, cast back to x's dtype, then scale by the
+    (float32) weight, which returns float32 for float16 inputs."""
+
+    def __init__(self, d_model, eps=1e-5):
+        super().__init__()
+        self.eps = eps
+        self.weight = torch.nn.Parameter(torch.ones(d_model))
+
+    def forward(self, x):
+        x32 = x.float()
+        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return normed.type_as(x) * self.weight
 
 
 def _silu_exp(x):
@@ -545,6 +591,25 @@ def _sample_by_masks(logits, temperature=1.0, top_k=None, top_p=None, generator=
     )
 
 
+def _sample_ascending(logits, temperature=1.0, top_k=None, top_p=None, generator=None):
+    """Hugging Face's nucleus rule: sort the filtered logits ascending and drop the tokens
+    whose running probability is at most 1 - p (the largest always stays)."""
+    if temperature == 0:
+        return logits.argmax(-1)
+    z = logits / temperature
+    if top_k is not None:
+        kth = torch.topk(z, min(top_k, z.size(-1)), -1).values[..., -1:]
+        z = z.masked_fill(z < kth, -math.inf)
+    if top_p is not None:
+        s, idx = torch.sort(z, -1, descending=False)
+        remove = s.softmax(-1).cumsum(-1) <= 1 - top_p
+        remove[..., -1] = False
+        z = z.masked_fill(remove.scatter(-1, idx, remove), -math.inf)
+    probs = z.softmax(-1)
+    drawn = torch.multinomial(probs.reshape(-1, probs.size(-1)), 1, generator=generator)
+    return drawn.view(probs.shape[:-1])
+
+
 def _generate_by_recomputation(
     model,
     prompt,
@@ -567,12 +632,12 @@ def _generate_by_recomputation(
 sample = lm.sample  # the notebook's own sample, as _generate_by_recomputation reads it
 
 INDEPENDENT_CORRECT_ANSWERS = {
-    "RMSNorm": [_RMSNormRsqrt],
+    "RMSNorm": [_RMSNormRsqrt, _RMSNormLlama],
     "silu": [_silu_exp],
     "SwiGLU": [_SwiGLUEinsum],
     "CausalSelfAttention": [_AttentionEinsum],
     "cross_entropy": [_ce_logsumexp],
-    "sample": [_sample_by_masks],
+    "sample": [_sample_by_masks, _sample_ascending],
     "generate": [_generate_by_recomputation],
     "MultiHeadLatentAttention": [_MLAEinsum],
 }

@@ -1,4 +1,4 @@
-"""Hidden tests for chapter 10, a decoder-only language model (24 points).
+"""Hidden tests for chapter 10, a decoder-only language model (25 points).
 
 Module exercises are built with the test's arguments and loaded with randomised reference
 weights (``Init``). ``sample`` and ``generate`` draw with a seeded generator that the
@@ -43,6 +43,22 @@ def _rmsnorm_cases(g):
             randn(g, 2, 6, 8) + 3.0,
             init=Init((8,), {"eps": 1e-2}),
             label="inputs with a large mean, eps = 1e-2",
+        ),
+    ]
+
+
+def _rmsnorm_float16_cases(g):
+    # float16 rows whose entries reach far past 256: their squares exceed float16's
+    # largest number, 65504, unless the norm is computed in float32 as the docstring asks.
+    # Rows of every scale in one case, so that each known mistake still shows its own slip.
+    scales = torch.tensor([1.0, 30.0, 400.0, 2000.0])[:, None]
+    mixed = randn(g, 4, 16) * scales
+    return [
+        case(mixed.half(), init=Init((16,)), label="float16 rows of scale 1 to 2000"),
+        case(
+            (randn(g, 2, 3, 8, scale=300.0) + 500.0).half(),
+            init=Init((8,)),
+            label="float16 inputs near 500, with a mean",
         ),
     ]
 
@@ -195,11 +211,47 @@ def _top_p_logits(g, rows):
     return probs.log()[order]  # (rows, 5)
 
 
+def _dyadic_logits(g, rows):
+    # probabilities 1/2, 1/4, 1/8, 1/16, 1/16, shuffled: softmax returns them exactly in
+    # float32 (each exp lies within 0.13 of a unit in the last place of its power of two),
+    # so the running sums 0.5 and 0.75 are exact and top_p = 0.5 or 0.75 falls exactly on a
+    # boundary, with no tie across it
+    probs = torch.tensor([0.5, 0.25, 0.125, 0.0625, 0.0625], dtype=torch.float64)
+    order = torch.stack([torch.randperm(5, generator=g) for _ in range(rows)])
+    return probs.log().float()[order]  # (rows, 5)
+
+
 def _sample_top_p_cases(g):
     def seed():
         return seeded_generator(int(torch.randint(1 << 30, (), generator=g)))
 
     return [
+        case(
+            _top_p_logits(g, 400),
+            temperature=2.0,
+            top_p=0.6,
+            generator=seed(),
+            label="temperature 2, then top_p = 0.6 (the flattened probabilities keep 3)",
+        ),
+        case(
+            _top_p_logits(g, 400),
+            temperature=0.5,
+            top_p=0.8,
+            generator=seed(),
+            label="temperature 0.5, then top_p = 0.8 (the sharpened probabilities keep 2)",
+        ),
+        case(
+            _dyadic_logits(g, 400),
+            top_p=0.75,
+            generator=seed(),
+            label="top_p = 0.75, exactly what the top two tokens hold: the third goes",
+        ),
+        case(
+            _dyadic_logits(g, 200),
+            top_p=0.5,
+            generator=seed(),
+            label="top_p = 0.5, exactly what the top token holds: only it stays",
+        ),
         case(_top_p_logits(g, 400), top_p=0.6, generator=seed(), label="top_p = 0.6"),
         case(_top_p_logits(g, 400), top_p=0.8, generator=seed(), label="top_p = 0.8"),
         case(
@@ -257,6 +309,17 @@ def _generate_cases(g):
             1,
             temperature=0.0,
             label="one new token after one",
+        ),
+        case(
+            model(30, 32, 16, 2, 4, 32),
+            torch.randint(0, 30, (2, 3), generator=g),
+            5,
+            temperature=0.7,
+            top_k=8,
+            top_p=0.9,
+            generator=seeded_generator(int(torch.randint(1 << 30, (), generator=g))),
+            label="temperature 0.7, top_k = 8, top_p = 0.9: the logits are the model's, "
+            "before the temperature and the filters",
         ),
     ]
 
@@ -320,6 +383,15 @@ TESTS = [
         description="RMSNorm divides by sqrt(mean(x^2) + eps) and scales by weight",
         make_cases=_rmsnorm_cases,
         level="module",
+    ),
+    HiddenTest(
+        id="lm_rmsnorm_float16",
+        exercise="RMSNorm",
+        points=1,
+        description="RMSNorm of float16 inputs computes in float32: entries above 256 "
+        "would overflow when squared in float16",
+        make_cases=_rmsnorm_float16_cases,
+        level="model",  # float16 outputs: one unit in the last place is ~1e-3 of them
     ),
     HiddenTest(
         id="lm_silu",
@@ -399,8 +471,9 @@ TESTS = [
         id="lm_sample_top_p",
         exercise="sample",
         points=2,
-        description="sample with top_p keeps the smallest set of tokens holding at "
-        "least p, the token that crosses p included",
+        description="sample with top_p, after the temperature and top_k, keeps the "
+        "smallest set of tokens holding at least p: the token that crosses p stays, a "
+        "token whose higher-ranked tokens hold exactly p goes",
         make_cases=_sample_top_p_cases,
         level="exact",
     ),
@@ -408,8 +481,9 @@ TESTS = [
         id="lm_generate",
         exercise="generate",
         points=2,
-        description="generate with a key-value cache: its logits equal full "
-        "recomputation at every step",
+        description="generate with a key-value cache: its logits are the model's own "
+        "(before the temperature and the filters) and equal full recomputation at every "
+        "step",
         make_cases=_generate_cases,
         level="model",
         outputs=("tokens", "logits"),

@@ -35,6 +35,14 @@ class _RMSNormEpsOutside(ref.RMSNorm):
         )
 
 
+class _RMSNormNoFloat32(ref.RMSNorm):
+    """The right formula, computed in the input's dtype: float16 squares overflow."""
+
+    def forward(self, x):
+        rms = torch.sqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (x / rms * self.weight).to(x.dtype)
+
+
 class _RMSNormNoWeight(ref.RMSNorm):
     def forward(self, x):
         return x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -239,6 +247,13 @@ def _ce_sum(logits, targets):
     return (lse - logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1)).sum()
 
 
+def _ce_per_position(logits, targets):
+    """The right losses, one per position, never averaged into one number."""
+    m = logits.amax(-1, keepdim=True)
+    lse = m.squeeze(-1) + torch.log(torch.exp(logits - m).sum(-1))
+    return lse - logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+
+
 def _ce_no_max_back(logits, targets):
     """Subtracts the maximum but forgets to add it back to the log-sum-exp."""
     m = logits.amax(-1, keepdim=True)
@@ -256,13 +271,24 @@ def _sampler(
     k_extra=0,
     p_rule="crossing in",
     p_first=False,
+    p_before_temperature=False,
+    column=False,
 ):
     def sample(logits, temperature=1.0, top_k=None, top_p=None, generator=None):
         if temperature == 0:
             return logits.argmax(-1)
         if ignore_temperature:
             temperature = 1.0
+        nucleus = None
+        if p_before_temperature and top_p is not None:
+            # the nucleus chosen from softmax(logits), before the temperature reshapes it
+            s, order = torch.softmax(logits, -1).sort(-1, descending=True)
+            kept = s.cumsum(-1) - s < top_p
+            nucleus = kept.scatter(-1, order, kept)
+            top_p = None
         logits = logits * temperature if temperature_times else logits / temperature
+        if nucleus is not None:
+            logits = logits.masked_fill(~nucleus, float("-inf"))
         probs = torch.softmax(logits, -1)
 
         def keep_top_k(probs):
@@ -281,6 +307,8 @@ def _sampler(
                 if p_rule == "crossing out":
                     kept = cum <= top_p
                     kept[..., 0] = True
+                elif p_rule == "boundary in":  # <= where the rule says <
+                    kept = cum - s <= top_p
                 elif p_rule == "one more":
                     kept = cum - s < top_p
                     kept = torch.cat([kept[..., :1], kept[..., :-1]], -1) | kept
@@ -297,7 +325,8 @@ def _sampler(
         if top_p is not None and not p_first:
             probs = keep_top_p(probs)
         flat = probs.reshape(-1, probs.size(-1))
-        return torch.multinomial(flat, 1, generator=generator).reshape(probs.shape[:-1])
+        drawn = torch.multinomial(flat, 1, generator=generator)  # (rows, 1)
+        return drawn if column else drawn.reshape(probs.shape[:-1])
 
     return sample
 
@@ -305,7 +334,14 @@ def _sampler(
 # -------------------------------------------------------------------------- generate
 
 
-def _generator(*, restart=False, first_logits=False, refeed=False):
+def _generator(
+    *,
+    restart=False,
+    first_logits=False,
+    refeed=False,
+    tempered_logits=False,
+    filtered_logits=False,
+):
     def generate(
         model,
         prompt,
@@ -320,7 +356,13 @@ def _generator(*, restart=False, first_logits=False, refeed=False):
         tokens, kept = prompt, []
         for _ in range(max_new_tokens):
             last = logits[:, 0] if first_logits else logits[:, -1]
-            kept.append(last)
+            if tempered_logits and temperature != 0:  # the logits divided, as sampled
+                kept.append(last / temperature)
+            elif filtered_logits and top_k is not None:  # the top-k logits only
+                kth = torch.topk(last, min(top_k, last.size(-1)), -1).values[..., -1:]
+                kept.append(last.masked_fill(last < kth, float("-inf")))
+            else:
+                kept.append(last)
             token = ref.sample(last, temperature, top_k, top_p, generator)
             tokens = torch.cat([tokens, token[:, None]], dim=1)
             if restart:
@@ -447,6 +489,13 @@ MISTAKES = [
         "mean subtracted",
         "your output looks centred like a LayerNorm: RMSNorm does not subtract the mean, it only divides by the root mean square.",
         _RMSNormCentred,
+        "rmsnorm",
+    ),
+    _m(
+        "RMSNorm",
+        "not computed in float32",
+        "your output is zero, infinite or NaN for float16 inputs with entries above 256: their squares exceed 65504, float16's largest number. Compute the norm on x.float() and cast the result back to x's dtype.",
+        _RMSNormNoFloat32,
         "rmsnorm",
     ),
     _m(
@@ -619,6 +668,13 @@ MISTAKES = [
     ),
     _m(
         "cross_entropy",
+        "one loss per position",
+        "your loss has one value per position: return their mean, a scalar tensor.",
+        _ce_per_position,
+        "the-loss-cross-entropy-and-perplexity",
+    ),
+    _m(
+        "cross_entropy",
         "maximum not added back",
         "your log-sum-exp is short by the maximum: log sum exp(l) = m + log sum exp(l - m).",
         _ce_no_max_back,
@@ -647,6 +703,13 @@ MISTAKES = [
     ),
     _m(
         "sample",
+        "draws kept as (rows, 1)",
+        "your tokens have an extra dimension: torch.multinomial(probs, 1) returns (rows, 1); return one id per row of logits, shape logits.shape[:-1].",
+        _sampler(column=True),
+        "sampling",
+    ),
+    _m(
+        "sample",
         "top-p drops the crossing token",
         "your top-p set holds less than p: keep the token whose probability carries the running sum past p.",
         _sampler(p_rule="crossing out"),
@@ -657,6 +720,20 @@ MISTAKES = [
         "top-p keeps one past the crossing",
         "your top-p set keeps a token after the one that crosses p: stop right after the crossing token.",
         _sampler(p_rule="one more"),
+        "sampling",
+    ),
+    _m(
+        "sample",
+        "top-p keeps the token at exactly p",
+        "your top-p keeps a token whose higher-ranked tokens already hold exactly p: a token stays only while the tokens ranked above it hold less than p in total.",
+        _sampler(p_rule="boundary in"),
+        "sampling",
+    ),
+    _m(
+        "sample",
+        "top-p before the temperature",
+        "your nucleus is chosen before the temperature reshapes the probabilities: divide the logits by the temperature first, then apply top-k, the softmax and top-p, in that order.",
+        _sampler(p_before_temperature=True),
         "sampling",
     ),
     _m(
@@ -692,6 +769,20 @@ MISTAKES = [
         "sequence fed twice",
         "your cache holds the sequence twice: feed the prompt once, then only each new token.",
         _generator(refeed=True),
+        "generating-with-a-key-value-cache",
+    ),
+    _m(
+        "generate",
+        "logits divided by the temperature",
+        "your logits are divided by the temperature: return the model's logits as it gave them; sample divides its own copy.",
+        _generator(tempered_logits=True),
+        "generating-with-a-key-value-cache",
+    ),
+    _m(
+        "generate",
+        "filtered logits",
+        "your logits are -inf outside the top-k tokens: return the model's logits as it gave them, before any filter; the filters only decide what sample draws.",
+        _generator(filtered_logits=True),
         "generating-with-a-key-value-cache",
     ),
     _m(
