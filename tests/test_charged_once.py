@@ -232,3 +232,43 @@ def test_a_second_run_runs_only_when_the_students_own_code_fails(who):
         second = run.second_runs[i]
         assert second is None if own[i] else passes_alone(tests, prepared[i], second)
     assert all(own.values()) == (who == "right")
+
+
+def test_a_module_answer_is_sized_before_it_is_computed():
+    """Chapter 10's model with a vocabulary within every integer bound: its parameters fit,
+    but its logits for the test's largest token count do not fit what the test's own
+    tensors allow: refused, sized on the meta device, nothing computed."""
+    reference = vars(load_chapter_tests("10_language_model").reference())
+    server = upstream.ReferenceServer(reference)
+    allowed = {"functions": [], "modules": ["TransformerLM"], "largest": [64, 1024]}
+    init = [[8192, 256, 16, 1, 2, 32], {}]
+    tokens = torch.zeros(1, 256, dtype=torch.long)
+    reply = _answer(
+        server,
+        _request("TransformerLM", "forward", init=init, args=[tokens], kwargs={},
+                 state=server(
+                     {"name": "TransformerLM", "kind": "init", "init": init},
+                     allowed["largest"],
+                 )["parameters"], training=False),
+        allowed,
+    )  # fmt: skip
+    assert "more than the grader computes" in reply["refused"], reply
+    small = torch.zeros(1, 8, dtype=torch.long)
+    init = [[40, 16, 16, 1, 2, 32], {}]
+    state = server({"name": "TransformerLM", "kind": "init", "init": init}, [64, 1024])
+    ok = _answer(
+        server,
+        _request("TransformerLM", "forward", init=init, args=[small], kwargs={},
+                 state=state["parameters"], training=False),
+        allowed,
+    )  # fmt: skip
+    assert ok["value"].shape == (1, 8, 40), ok
+
+
+def test_an_answer_that_cannot_be_sized_is_not_computed():
+    def unsized(x):
+        return torch.zeros(int(x.sum().item()))  # data-dependent: no meta answer
+
+    server = upstream.ReferenceServer({"unsized": unsized})
+    with pytest.raises(upstream.TooLarge, match="cannot size"):
+        server({"name": "unsized", "kind": "call", "args": [torch.ones(3)]}, [3, 3])

@@ -80,7 +80,7 @@ def test_unparseable_cells_are_skipped_not_fatal():
 def test_the_reference_passes_with_nothing_to_remark():
     tests = load_chapter_tests("03_self_attention")
     for v in verdicts(tests, vars(sa)).values():
-        assert v.passed and "Remark" not in v.message
+        assert v.passed and not v.remark and "Remark" not in v.message
 
 
 def test_a_call_the_guard_refused_fails_with_the_guards_message_alone():
@@ -121,7 +121,8 @@ def test_softmax_in_the_flash_tiles_is_a_remark_not_a_zero():
         "    return torch.softmax(q @ k.transpose(-2, -1), -1) @ v\n"
     )
     remark = remarks([source], "flash_attention", ("sdpa", "softmax"))
-    assert "no points taken" in remark and FEATURES["softmax"].description in remark
+    assert "took no point" in remark and FEATURES["softmax"].description in remark
+    assert remark.startswith("Remark on your code, not on a test's result")
     # attention is the guard's business: no remark for it
     assert remarks([source], "flash_attention", ("sdpa",)) == ""
     own = source.replace("torch.softmax(", "my_softmax(")
@@ -302,3 +303,31 @@ def test_bindings_under_compound_statements_are_followed():
 def test_code_of_a_namespace_is_read_as_a_notebook():
     code = code_of(vars(sa), "03_self_attention")
     assert any("def scaled_dot_product_attention" in c for c in code.cells)
+
+
+def _doubled_cross_entropy(logits, targets):
+    import torch.nn.functional as F
+
+    flat = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+    return 2 * flat
+
+
+def test_a_remark_is_never_on_the_line_of_a_lost_point():
+    """A wrong answer that also calls a feature the exercise asks students to write: the
+    failure says what failed; the remark is on a line of its own and says it took no point."""
+    from autograder.grading.nbgrader_bridge import test_cell_outputs
+    from solutions import language_model as lm
+
+    tests = load_chapter_tests("10_language_model")
+    namespace = {**vars(lm), "cross_entropy": _doubled_cross_entropy}
+    selected = [tests.test("lm_cross_entropy")]
+    (v,) = verdicts(tests, namespace, 0, selected).values()
+    assert not v.passed and v.score == 0
+    assert "Remark" not in v.message and "cross-entropy" not in v.message.lower()
+    assert v.remark.startswith("Remark on your code, not on a test's result")
+    assert "took no point" in v.remark
+    error, remark = test_cell_outputs(v.as_json())
+    assert error.output_type == "error" and "Remark" not in error.evalue
+    assert remark.output_type == "stream" and remark.text.startswith(
+        "Remark on your code"
+    )

@@ -106,6 +106,7 @@ def _forged(header: dict, blob: bytes = b"") -> bytes:
 
 def test_a_forged_header_costs_nothing_and_says_why():
     big = {"dtype": "float32", "shape": [2**20, 2**20], "offset": 0, "nbytes": 16}
+    small = {"dtype": "float32", "shape": [4], "offset": 0, "nbytes": 16}
     cases = {
         # a tensor that claims far more bytes than the file holds
         "size does not match": _forged({"outcomes": [{"value": {"__tensor__": 0}}], "tensors": [big]}, b"\0" * 16),
@@ -114,6 +115,13 @@ def test_a_forged_header_costs_nothing_and_says_why():
         "header is larger": probe.RESULT_MAGIC + (2**31).to_bytes(4, "little") + b"{}",
         "not the probe's": _forged({"outcomes": [], "tensors": [], "x": 1}),
         "RecursionError": _raw(b'{"outcomes": ' + b"[" * 100_000 + b"]" * 100_000 + b', "tensors": []}'),
+        # entries that all name the same bytes would each be decoded: refused
+        "overlap or are out of order": _forged({"outcomes": [{"value": [{"__tensor__": 0}, {"__tensor__": 1}]}], "tensors": [small, small]}, b"\0" * 16),
+        # a gap: bytes no entry names
+        "out of order": _forged({"outcomes": [{"value": {"__tensor__": 0}}], "tensors": [{**small, "offset": 4}]}, b"\0" * 20),
+        "referenced twice": _forged({"outcomes": [{"value": [{"__tensor__": 0}, {"__tensor__": 0}]}], "tensors": [small]}, b"\0" * 16),
+        # a header past the cap, though the file is within the budget
+        "header is larger than the file or the limit": _raw(json.dumps({"outcomes": [0] * 200_000, "tensors": []}).encode()),
     }  # fmt: skip
     for why, raw in cases.items():
         got = decode(raw)
@@ -140,6 +148,12 @@ def test_a_256_mb_result_leaves_the_graders_memory_within_its_bound(tmp_path):
         f.write(_forged({"outcomes": [], "tensors": []}))
         for _ in range(256):
             f.write(b"\0" * MB)
+    # 1000 entries naming the same 8 MiB: decoded once per entry, 8 GB
+    entry = {"dtype": "uint8", "shape": [8 * MB], "offset": 0, "nbytes": 8 * MB}
+    aliased = {"outcomes": [{"value": {"__tensor__": i}} for i in range(1000)]}
+    (tmp_path / "aliased").write_bytes(
+        _forged({**aliased, "tensors": [entry] * 1000}, b"\0" * 8 * MB)
+    )
     zipped = tmp_path / "zip"  # 256 MB of zeros deflated to about 256 KB
     with zipfile.ZipFile(zipped, "w", zipfile.ZIP_DEFLATED) as z:
         z.writestr("data", b"\0" * 256 * MB)

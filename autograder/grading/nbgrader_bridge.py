@@ -264,21 +264,7 @@ class SandboxedExecute(NbGraderPreprocessor):
             if verdict is None:
                 message = f"not graded: {assignment} has no hidden test {grade_id!r}"
                 verdict = {"passed": False, "message": message}
-            if verdict["passed"]:
-                cell.outputs = [
-                    nbformat.v4.new_output(
-                        "stream", name="stdout", text=f"✓ {verdict['message']}\n"
-                    )
-                ]
-            else:
-                cell.outputs = [
-                    nbformat.v4.new_output(
-                        "error",
-                        ename="HiddenTestFailed",
-                        evalue=verdict["message"],
-                        traceback=[f"HiddenTestFailed: {verdict['message']}"],
-                    )
-                ]
+            cell.outputs = test_cell_outputs(verdict)
         return nb, resources
 
     def _record_provenance(self, nb, info: dict, assignment: str, result: dict) -> None:
@@ -386,6 +372,34 @@ def _record_verdicts(info: dict, assignment: str, result: dict) -> None:
         verdict_record.record_attempt(
             path, assignment, student, verdict_record.NOT_GRADED, result["message"]
         )
+
+
+def test_cell_outputs(verdict: dict) -> list:
+    """What a test cell of the autograded notebook shows (the feedback page shows it
+    too): a pass, or the failure as an error; then, on a line of its own, a remark on
+    the code, which took no point."""
+    if verdict["passed"]:
+        outputs = [
+            nbformat.v4.new_output(
+                "stream", name="stdout", text=f"✓ {verdict['message']}\n"
+            )
+        ]
+    else:
+        outputs = [
+            nbformat.v4.new_output(
+                "error",
+                ename="HiddenTestFailed",
+                evalue=verdict["message"],
+                traceback=[f"HiddenTestFailed: {verdict['message']}"],
+            )
+        ]
+    if verdict.get("remark"):
+        outputs.append(
+            nbformat.v4.new_output(
+                "stream", name="stdout", text=f"{verdict['remark']}\n"
+            )
+        )
+    return outputs
 
 
 def run_hidden_test(

@@ -287,8 +287,8 @@ def remarks(
         return ""
     described = " and ".join(FEATURES[f].description for f in found)
     return (
-        f"Remark (no points taken): `{exercise}` seems to call {described}, which this "
-        "exercise asks you to write yourself."
+        f"Remark on your code, not on a test's result (it took no point): `{exercise}` "
+        f"seems to call {described}, which this exercise asks you to write yourself."
     )
 
 

@@ -50,12 +50,17 @@ class Verdict:
     # and how it failed with the student's own
     stood_in: tuple[str, ...] = ()
     own_failure: str = ""
+    # a remark on the student's code (``delegation.remarks``): shown on a line of its
+    # own, never on the line of a lost point, and it takes nothing
+    remark: str = ""
 
     def __post_init__(self):
         # the message reaches the gradebook, the autograded notebook and the feedback
         # page: none of them may grow with what the student's code returned
         if len(self.message) > MAX_MESSAGE:
             self.message = self.message[: MAX_MESSAGE - 3] + "..."
+        if len(self.remark) > MAX_MESSAGE:
+            self.remark = self.remark[: MAX_MESSAGE - 3] + "..."
 
     @property
     def score(self) -> float:
@@ -71,6 +76,7 @@ class Verdict:
             "mistake": self.mistake,
             "refused": self.refused,
             **({"stood_in": list(self.stood_in)} if self.stood_in else {}),
+            **({"remark": self.remark} if self.remark else {}),
         }
 
 
@@ -171,6 +177,12 @@ FLASH_RULE_MESSAGE = (
 )
 
 
+TRUTH_RULE_MESSAGE = (
+    " (this case is judged against the exact answer, computed in float64: the "
+    "reference's own float32 answer is not close enough to it to be the yardstick here)"
+)
+
+
 def verdict(
     tests: ChapterTests,
     prepared: PreparedTest,
@@ -213,9 +225,8 @@ def verdict(
         remark = delegation.remarks(
             code.cells, test.exercise, test.forbidden, code.given
         )
-    if remark:
-        found.message = f"{found.message} {remark}"
-        found.__post_init__()
+    found.remark = remark
+    found.__post_init__()
     return found
 
 
@@ -326,13 +337,16 @@ def _compare_outputs(
     if prepared.exact is not None:  # FlashAttention's rule: against float64
         expected, rule = prepared.exact, FLASH_RULE_MESSAGE
     for i, (c, e, g) in enumerate(zip(cases, expected, got, strict=True)):
-        per_output = None
+        per_output, case_rule = None, rule
         if prepared.exact is not None:
             per_output = [Tolerance(0.0, a) for a in prepared.allowed[i]]
+        elif prepared.truth and prepared.truth[i] is not None:
+            e, per_output = prepared.truth[i], prepared.truth_tolerances[i]
+            case_rule = TRUTH_RULE_MESSAGE
         problem = _outcome_problem(test, e, g, tol, per_output)
         if problem:
             if "max abs error" in problem:  # a difference of numbers: the rule applies
-                problem += rule
+                problem += case_rule
             where = f"case {i + 1} of {len(cases)}" + (
                 f" ({c.label})" if c.label else ""
             )

@@ -13,7 +13,11 @@ from autograder.grading.judging.spec import Case, ChapterTests, HiddenTest
 from autograder.grading.judging.tolerances import (
     FLASH_RULE,
     FLASH_RULE_GRADIENTS,
+    LEVELS,
+    TRUTH_RULE,
+    TRUTH_SHARE,
     ErrorBudget,
+    Tolerance,
 )
 from autograder.grading.sealed import probe
 from autograder.grading.sealed.guard import ATTENTION_FEATURES
@@ -39,6 +43,15 @@ class PreparedTest:
     # each output's largest allowed error against it
     exact: list[Outcome] | None = None
     allowed: list[list[float]] = field(default_factory=list)
+    # any other test: per case, the exact answer (the reference in float64) and each
+    # output's tolerance against it, where the reference's float32 answer is not far
+    # closer to it than the test's tolerance (``TRUTH_RULE``); None: judged against the
+    # reference's float32 answer at the test's level
+    truth: list[Outcome | None] = field(default_factory=list)
+    truth_tolerances: list[list[Tolerance]] = field(default_factory=list)
+    # per case, for ``benchmarks/reference_truth.py``: the float32 reference's distance
+    # from the exact answer as a share of the tolerance, and why a case is not covered
+    truth_report: list[dict] = field(default_factory=list)
     # the earlier exercises the second run replaces by the course's stand-ins
     # (``upstream.py``): {"functions": [...], "modules": [...]}, or None: no second run
     stand_ins: dict | None = None
@@ -146,6 +159,8 @@ def prepare(
                 )
         if test.yardstick is not None:
             p.exact, p.allowed = _flash_rule(reference, p)
+        else:
+            _truth_rule(reference, p)
         p.stand_ins = upstream.stand_ins(reference, test.exercise, calls)
         p.reference_module = reference["__name__"]
         prepared.append(p)
@@ -183,6 +198,114 @@ def _flash_rule(
             )
         allowed.append(budgets)
     return in64, allowed
+
+
+def _truth_rule(reference: dict, p: PreparedTest) -> None:
+    """Where the reference's float32 answer lies further from the exact answer (the
+    reference run in float64) than ``TRUTH_SHARE`` of the test's tolerance, the case is
+    judged against the exact answer instead, with ``TRUTH_RULE``'s multiple of that
+    float32 error added to the tolerance: an answer more exact than the reference never
+    loses a point, whatever the seed."""
+    level = LEVELS[p.test.level]
+    with one_interpreter.LOCK:
+        token = probe.IN_FLOAT64.set(True)
+        try:
+            in64 = probe.run_test(
+                reference, probe.map_tensors(p.plain_plan(), _widened)
+            )
+        finally:
+            probe.IN_FLOAT64.reset(token)
+    for c, ref, exact in zip(p.cases, p.expected, in64, strict=True):
+        report = {"case": c.label, "share": 0.0, "uncovered": "", "by_truth": False}
+        p.truth_report.append(report)
+        p.truth.append(None)
+        p.truth_tolerances.append([])
+        if "error" in ref:
+            continue  # a refusal: the same in any precision
+        if "error" in exact:
+            report["uncovered"] = f"the reference fails in float64: {exact['error']}"
+            continue
+        groups = _output_groups(p.test, ref["value"], exact["value"])
+        if groups is None:
+            report["uncovered"] = "float64 changes what the reference returns"
+            continue
+        shares = [_share(pairs, level) for pairs in groups]
+        report["share"] = max(shares, default=0.0)
+        if report["share"] <= TRUTH_SHARE:
+            continue
+        report["by_truth"] = True
+        p.truth[-1] = exact
+        p.truth_tolerances[-1] = [_widened_tolerance(level, pairs) for pairs in groups]
+
+
+def _output_groups(test: HiddenTest, low, exact) -> list[list[tuple]] | None:
+    """The float leaves of the two answers paired, grouped as the judge applies
+    tolerances (one group per named output, else one); None where they differ in
+    anything but float values (a shape, an index, a type)."""
+    named = (
+        bool(test.outputs) and isinstance(low, list) and len(low) == len(test.outputs)
+    )
+    parts = list(zip(low, exact, strict=False)) if named else [(low, exact)]
+    groups = []
+    for a, b in parts:
+        pairs: list[tuple] = []
+        if not _pair_leaves(a, b, pairs):
+            return None
+        groups.append(pairs)
+    return groups
+
+
+def _pair_leaves(a, b, pairs: list) -> bool:
+    if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
+        if a.shape != b.shape:
+            return False
+        if a.is_floating_point() and b.is_floating_point():
+            pairs.append((a.double(), b.double()))
+            return True
+        return a.dtype == b.dtype and torch.equal(a, b)
+    if isinstance(a, float) and isinstance(b, float):
+        pairs.append(
+            (torch.tensor(a, dtype=torch.float64), torch.tensor(b, dtype=torch.float64))
+        )
+        return True
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(
+            _pair_leaves(x, y, pairs) for x, y in zip(a, b, strict=True)
+        )
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_pair_leaves(a[k], b[k], pairs) for k in a)
+    return type(a) is type(b) and a == b
+
+
+def _differences(low: torch.Tensor, exact: torch.Tensor) -> torch.Tensor:
+    """|low - exact| element-wise, 0 where both are the same infinity or both NaN."""
+    same = (low == exact) | (low.isnan() & exact.isnan())
+    return torch.where(same, torch.zeros_like(low), (low - exact).abs())
+
+
+def _share(pairs: list[tuple], level: Tolerance) -> float:
+    """The largest |float32 - exact| as a share of the tolerance at that element."""
+    worst = 0.0
+    for low, exact in pairs:
+        if not low.numel():
+            continue
+        room = level.atol + level.rtol * exact.abs().nan_to_num(posinf=0.0)
+        gap = _differences(low, exact)
+        share = torch.where(gap > 0, gap / room, torch.zeros_like(gap))
+        worst = max(worst, share.nan_to_num(nan=math.inf).max().item())
+    return worst
+
+
+def _widened_tolerance(level: Tolerance, pairs: list[tuple]) -> Tolerance:
+    """The level's tolerance, its absolute part widened to TRUTH_RULE's multiple of the
+    reference's largest float32 error on this output (not where that error is NaN or
+    infinite: the level's tolerance alone, against the exact answer, then)."""
+    error = max(
+        (_differences(a, b).max().item() for a, b in pairs if a.numel()), default=0.0
+    )
+    if not math.isfinite(error):
+        return level
+    return Tolerance(level.rtol, max(level.atol, TRUTH_RULE.allowed(error)))
 
 
 GRADIENTS = ("dq", "dk", "dv")  # outputs that are gradients, by their names

@@ -169,8 +169,10 @@ def stand_ins(reference: dict, exercise: str, calls: list[dict]) -> dict | None:
 
 
 def largest(calls: list[dict]) -> list[int]:
-    """The largest dimension (or integer argument: a width, a length) and the largest
-    tensor among a test's calls: what bounds a stand-in's arguments (``window.within``)."""
+    """The largest dimension and the largest tensor among a test's calls (its inputs and
+    its weights): what bounds a stand-in's arguments (``window.within``) and answers
+    (``ReferenceServer``). Taken from the test's tensors alone: an integer a call passes
+    (a vocabulary size, a length) never widens it."""
     side, numel = 1, 1
     todo = list(calls)
     while todo:
@@ -178,8 +180,6 @@ def largest(calls: list[dict]) -> list[int]:
         if isinstance(value, torch.Tensor):
             side = max(side, *value.shape, 1)
             numel = max(numel, value.numel())
-        elif isinstance(value, int) and not isinstance(value, bool):
-            side = max(side, abs(value))
         elif isinstance(value, list | tuple):
             todo.extend(value)
         elif isinstance(value, dict):
@@ -240,19 +240,25 @@ def _numbers(value) -> int:
 
 class ReferenceServer:
     """Answers the stand-ins' requests with the reference, in the grader's process.
-    Requests are the student's: every module is sized on PyTorch's meta device before it
-    is built, so no request makes the grader allocate more than ``MAX_NUMBERS``."""
+    Requests are the student's, so every answer is sized on PyTorch's meta device (shapes,
+    no numbers) before it is computed: a module before it is built (``MAX_NUMBERS``, for
+    all the modules kept together), and a function's or a module's answer before it is
+    computed (``SIZE_FACTOR`` times the test's largest tensor, at most ``MAX_OUTPUT``).
+    What cannot be sized is not computed: the stand-in's run then counts for nothing."""
 
-    MAX_NUMBERS = 2**24  # a module's parameters and buffers together (64 MB of float32)
-    MAX_OUTPUT = 2**22  # the numbers a function returns (16 MB of float32)
+    MAX_NUMBERS = 2**23  # the kept modules' parameters and buffers (32 MB of float32)
+    MAX_OUTPUT = 2**22  # the numbers one answer holds (16 MB of float32)
+    SIZE_FACTOR = 16  # an answer may hold this many times the test's largest tensor
     KEPT = 16  # modules built, kept for the requests that follow
 
     def __init__(self, reference: dict):
         self.reference = reference
         self.modules: OrderedDict[str, torch.nn.Module] = OrderedDict()
 
-    def __call__(self, request: dict) -> Any:
+    def __call__(self, request: dict, largest: list[int] | None = None) -> Any:
+        numel = (largest or [1, self.MAX_OUTPUT])[1]
         with one_interpreter.LOCK:  # the reference may run Triton kernels
+            self.max_output = min(self.MAX_OUTPUT, self.SIZE_FACTOR * numel)
             return self._answer(request)
 
     def _answer(self, request: dict) -> Any:
@@ -278,21 +284,43 @@ class ReferenceServer:
                 if request.get("method") not in methods(target):
                     raise TooLarge(f"`{request.get('method')}` is not for stand-ins")
                 args, kwargs = _rebuilt(args), _rebuilt(kwargs)
+                self._sized(
+                    getattr(self._on_meta(target, request), request["method"]),
+                    args,
+                    kwargs,
+                )
                 value = getattr(module, request["method"])(*args, **kwargs)
                 return {"value": probe._to_plain(value), "state": module.state_dict()}
             module.train(bool(request["training"]))
+            self._sized(self._on_meta(target, request), args, kwargs)
             return probe._to_plain(module(*args, **kwargs))
 
+    def _on_meta(self, cls, request: dict) -> torch.nn.Module:
+        """The module built on the meta device, to size its answers."""
+        init_args, init_kwargs = request["init"]
+        with torch.device("meta"):
+            module = cls(*init_args, **init_kwargs)
+        return module.train(bool(request.get("training")))
+
     def _sized(self, function, args, kwargs) -> None:
-        """Run ``function`` on PyTorch's meta device first (shapes, no numbers): an
-        output larger than ``MAX_OUTPUT`` is refused before anything is computed. What the
-        meta device cannot run is computed as it is (its arguments are bounded)."""
+        """Run ``function`` on PyTorch's meta device first (shapes, no numbers; what it
+        creates is made there too): an answer larger than this test allows is refused
+        before anything is computed, and so is one the meta device cannot compute (an
+        operation without a meta kernel, a value read from the data). An error of the
+        arguments themselves (shapes that do not fit) is the answer: it would be raised
+        by the computation too."""
         try:
-            meta = probe.map_tensors([args, kwargs], lambda t: t.to("meta"))
-            size = _numbers(function(*meta[0], **meta[1]))
-        except Exception:  # noqa: BLE001 (an operation without a meta kernel)
-            return
-        if size > self.MAX_OUTPUT:
+            with torch.device("meta"):
+                meta = probe.map_tensors([args, kwargs], lambda t: t.to("meta"))
+                size = _numbers(function(*meta[0], **meta[1]))
+        except Exception as exc:
+            if isinstance(exc, NotImplementedError) or "meta" in str(exc).lower():
+                raise TooLarge(
+                    "an answer the grader cannot size before computing it "
+                    f"({type(exc).__name__})"
+                ) from None
+            raise
+        if size > self.max_output:
             raise TooLarge(
                 f"an answer of {size:,} numbers is more than the grader computes"
             )
@@ -303,6 +331,10 @@ class ReferenceServer:
         if key not in self.modules:
             _sized_on_meta(lambda: cls(*args, **kwargs), cls.__name__)
             self.modules[key] = cls(*args, **kwargs)
-            while len(self.modules) > self.KEPT:
+            while len(self.modules) > self.KEPT or (
+                len(self.modules) > 1
+                and _numbers([m.state_dict() for m in self.modules.values()])
+                > self.MAX_NUMBERS
+            ):
                 self.modules.popitem(last=False)
         return self.modules[key]

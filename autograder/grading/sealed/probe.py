@@ -10,6 +10,7 @@ code calls: the tests that forbid PyTorch's attention run where it does not comp
 (``grading/sealed/guard``), so there is nothing to watch and no report to forge.
 """
 
+import contextvars
 import copy
 import functools
 from typing import Any, TypedDict
@@ -69,6 +70,18 @@ _TORCH_LAYERS = (
 
 class _Missing(Exception):
     pass
+
+
+# The grader's float64 run of a reference (``prepare``, the exact answer a case is judged
+# against): the modules and layers a call builds are made float64 too. A context
+# variable, so another thread of the grader (a stand-in's reply, a known mistake) is
+# never touched.
+IN_FLOAT64 = contextvars.ContextVar("in_float64", default=False)
+
+
+def _built(module):
+    """A module a call built, in float64 during the grader's float64 run."""
+    return module.double() if IN_FLOAT64.get() else module
 
 
 def _to_plain(value, depth=0):
@@ -141,7 +154,7 @@ def _materialise(value, namespace):
                 "but the notebook does not define it"
             )
         init_args, init_kwargs = _materialise(value["init"], namespace)
-        module = cls(*init_args, **init_kwargs)
+        module = _built(cls(*init_args, **init_kwargs))
         if value.get("state") is not None:
             _load_state(module, value["state"], value["notebook"])
         return module.eval()
@@ -157,7 +170,7 @@ def _materialise(value, namespace):
         name = value["torch.nn"]
         if name not in _TORCH_LAYERS:
             raise ValueError(f"a plan may not build torch.nn.{name}")
-        layer = getattr(torch.nn, name)(*value["args"], **value["kwargs"])
+        layer = _built(getattr(torch.nn, name)(*value["args"], **value["kwargs"]))
         if value["state"] is not None:
             layer.load_state_dict(value["state"])
         # each part of the layer knows how it was made, so that a stand-in can send it
@@ -273,7 +286,7 @@ def call(namespace, exercise, plan: CallPlan):
         if plan["init"] is None:
             return target(*args, **kwargs)
         init_args, init_kwargs = plan["init"]
-        module = target(*init_args, **init_kwargs)
+        module = _built(target(*init_args, **init_kwargs))
         if plan["state"] is not None:
             _load_state(module, plan["state"], exercise)
         for name, setup_args in plan.get("setup") or []:

@@ -6,10 +6,12 @@ reader trusts nothing in them. It never unpickles, decompresses or follows a lin
 byte budget holds for all of a submission's result files together
 (``Limits.result_mb``): a file is read only if it is a regular file whose size fits in
 what is left, so a sparse or oversized file is refused from its size alone, and only the
-files of tests that were handed over are looked at. Decoding makes one copy of each
-tensor's bytes and parses a header that is part of the same budget, so the grader's
-memory for one submission's results stays under about three times the budget whatever
-the files hold (``MEMORY_FACTOR``); ``outcomes.validated`` then caps what the judge meets.
+files of tests that were handed over are looked at. The tensors' entries must lie one
+after the other, in order, each referenced once (as the probe writes them), so decoding
+makes at most one copy of the file's bytes, and the header it parses is small
+(``MAX_HEADER``): the grader's memory for one submission's results stays under about
+three times the budget whatever the files hold (``MEMORY_FACTOR``);
+``outcomes.validated`` then caps what the judge meets.
 """
 
 from __future__ import annotations
@@ -27,7 +29,10 @@ from autograder.grading.sealed.probe import RESULT_MAGIC
 # the bytes read, the tensors decoded from them, and the parsed header: each at most
 # the budget (a JSON header of n bytes holds fewer than n values)
 MEMORY_FACTOR = 3
-MAX_HEADER = 4 * 2**20  # bytes of one file's JSON header
+# bytes of one file's JSON header: the probe's headers are a few kilobytes (the
+# outcomes' plain values and one small entry per tensor); parsed, a header of n bytes
+# takes up to about 50 n bytes of Python objects
+MAX_HEADER = 256 * 2**10
 _DTYPES = {
     name: getattr(torch, name)
     for name in (
@@ -114,8 +119,11 @@ def _decoded(raw: bytes):
     if type(header) is not dict or set(header) != {"outcomes", "tensors"}:
         raise _Unreadable("its header is not the probe's")
     blob = memoryview(raw)[8 + size :]
-    tensors = [_tensor(entry, blob) for entry in _listed(header["tensors"])]
-    return _filled(header["outcomes"], tensors, 0)
+    tensors, end = [], 0
+    for entry in _listed(header["tensors"]):
+        tensors.append(_tensor(entry, blob, end))
+        end += entry["nbytes"]
+    return _filled(header["outcomes"], tensors, 0, set())
 
 
 def _listed(value) -> list:
@@ -124,7 +132,9 @@ def _listed(value) -> list:
     return value
 
 
-def _tensor(entry, blob: memoryview) -> torch.Tensor:
+def _tensor(entry, blob: memoryview, start: int) -> torch.Tensor:
+    """The tensor an entry describes; its bytes must begin where the previous entry's
+    end (``start``): entries that overlap or repeat would decode the same bytes again."""
     if type(entry) is not dict or set(entry) != {"dtype", "shape", "offset", "nbytes"}:
         raise _Unreadable("a tensor entry is malformed")
     dtype = _DTYPES.get(entry["dtype"]) if type(entry["dtype"]) is str else None
@@ -140,23 +150,29 @@ def _tensor(entry, blob: memoryview) -> torch.Tensor:
         numel *= n
     if numel * dtype.itemsize != nbytes or offset + nbytes > len(blob):
         raise _Unreadable("a tensor's size does not match its bytes")
+    if offset != start:
+        raise _Unreadable("tensor entries overlap or are out of order")
     if nbytes == 0:
         return torch.empty(shape, dtype=dtype)
     data = bytearray(blob[offset : offset + nbytes])  # the one copy
     return torch.frombuffer(data, dtype=torch.uint8).view(dtype).reshape(shape)
 
 
-def _filled(value, tensors: list[torch.Tensor], depth: int):
-    """The outcomes with each ``{"__tensor__": i}`` replaced by its tensor."""
+def _filled(value, tensors: list[torch.Tensor], depth: int, used: set):
+    """The outcomes with each ``{"__tensor__": i}`` replaced by its tensor (each tensor
+    once: one tensor standing for many values would be judged many times over)."""
     if depth > outcomes.MAX_DEPTH + 2:
         raise _Unreadable("values nested too deep")
     if type(value) is list:
-        return [_filled(v, tensors, depth + 1) for v in value]
+        return [_filled(v, tensors, depth + 1, used) for v in value]
     if type(value) is dict:
         if set(value) == {"__tensor__"}:
             index = value["__tensor__"]
             if type(index) is not int or not 0 <= index < len(tensors):
                 raise _Unreadable("a reference to a tensor that is not there")
+            if index in used:
+                raise _Unreadable("a tensor is referenced twice")
+            used.add(index)
             return tensors[index]
-        return {k: _filled(v, tensors, depth + 1) for k, v in value.items()}
+        return {k: _filled(v, tensors, depth + 1, used) for k, v in value.items()}
     return value
