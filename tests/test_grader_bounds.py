@@ -365,3 +365,14 @@ def test_the_feedback_page_runs_no_student_script(feedback, tmp_path):
     assert "My notes" in report["text"] and "bold" in report["text"]
     assert "HiddenTestFailed" in report["text"]
     assert "could not be read" in report["text"]
+
+
+def test_a_huge_scratch_cell_is_not_graded_and_costs_the_grader_little(tmp_path):
+    """6 MB of code in a scratch cell: parsed, it took 1.1 GB of the grader's memory. Its
+    size is read before a line is parsed: not graded, with a message that says why."""
+    scratch = "numbers = [" + ",".join(["1"] * 3_000_000) + "]\n"
+    graded = _grade_and_measure(write(_with_cell(scratch), tmp_path / "big.ipynb"))
+    result = graded["result"]
+    assert not result["graded"], result["message"]
+    assert "KB, more than the 256 KB the grader reads" in result["message"]
+    assert graded["grown_mb"] < 100, graded["grown_mb"]

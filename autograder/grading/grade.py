@@ -46,6 +46,7 @@ from autograder.grading.running.student_code import (
     StudentCode,
     course_cells,
     demo_sources,
+    given_sources,
     is_course_cell,
 )
 
@@ -218,6 +219,8 @@ def _grade_notebook(path, assignment, seed, limits, sandbox, retry, batch) -> di
     tests = _set_assignment(result, assignment) if assignment else None
     try:
         nb = nbformat.read(path, as_version=4)
+        if (too_large := _too_much_code(nb, tests, limits)) is not None:
+            return _not_graded(result, too_large)
         with delegation.READING_CODE:
             fingerprint = _fingerprint(nb)
     except (
@@ -295,6 +298,28 @@ def _grade_notebook(path, assignment, seed, limits, sandbox, retry, batch) -> di
         )
     result["message"] = "; ".join(notes)
     return result
+
+
+def _too_much_code(nb, tests: ChapterTests | None, limits: Limits) -> str | None:
+    """Why the notebook's own code is more than the grader reads, or None: bounded before
+    a line of it is parsed. Cells that are a course cell's unchanged source do not count."""
+    given = set()
+    for chapter in [tests.chapter] if tests else graded_chapters():
+        given.update(given_sources(chapter))
+    own = sum(
+        len(c.get("source", ""))
+        for c in nb.cells
+        if c.get("cell_type") == "code"
+        and isinstance(c.get("source"), str)
+        and c.get("source") not in given
+    )
+    if own <= limits.code_kb * 1024:
+        return None
+    return (
+        f"the notebook's own code is {own / 1024:,.0f} KB, more than the "
+        f"{limits.code_kb} KB the grader reads; keep data out of code cells (load it "
+        "from a file) and delete large scratch cells, then submit again"
+    )
 
 
 def _set_assignment(result: dict, chapter: str) -> ChapterTests:

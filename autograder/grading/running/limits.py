@@ -27,6 +27,11 @@ class Limits:
     # reads back (the largest right answer's are under 2 MB); its memory for them stays
     # under result_reader.MEMORY_FACTOR times this, whatever the files hold
     result_mb: int = 32
+    # the student's own code (code cells other than the course's, unchanged) the grader
+    # reads: parsing code takes about 180 times its size in memory, so past this the
+    # notebook is not graded (a message says why); the largest chapter's own code is
+    # under 30 KB, and an edited copy of its largest given cell 130 KB
+    code_kb: int = 256
     # all a kernel may write to its kernel directory, on the grader's disk (its result
     # files, its log): past it, or past 4096 files, the kernel is killed
     kernel_dir_mb: int = 256
