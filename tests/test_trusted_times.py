@@ -121,5 +121,6 @@ def test_a_backdated_timestamp_escapes_no_late_penalty(tmp_path):
     assert run.returncode == 0, run.stderr[-3000:]
     (entry,) = gradebook_entries(root, CH, ["root"]).values()
     assert entry["timestamp"] == stamped
-    assert entry["penalty"] == 10.0 and entry["total"] == 0.0, entry
+    # full marks before the penalty, all of them taken by it (nbgrader's score: raw)
+    assert entry["total"] == 10.0 and entry["penalty"] == 10.0, entry
     assert "LATE" in run.stdout, run.stdout[-2000:]
