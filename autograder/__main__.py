@@ -370,7 +370,10 @@ class _ClassRun:
             self.root, args.assignment, list(kept.values()), args.feedback
         )
         status = 0
-        if todo or pages:
+        # stopped while grading: record what was finished. Stopped while recording, the
+        # signal reached the recording's own nbgrader processes too (a half-written
+        # feedback page): what is left is recorded by the rerun, which checks each mark
+        if (todo or pages) and self.results is None:
             print(
                 f"[autograder] stopped by {stop}{phase}: recording the {len(todo)} "
                 f"verdict(s) finished and not yet in the gradebook ({stop} again to "

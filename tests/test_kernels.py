@@ -676,3 +676,22 @@ def test_the_graders_threads_run_the_reference_kernels_one_at_a_time():
     for t in threads:
         t.join()
     assert not errors, errors[:2]
+
+
+def test_a_kernel_wrappers_answer_is_sized_before_it_is_computed():
+    """The meta device cannot run a Triton kernel; while an answer is sized there, the
+    course's launches do nothing (the wrapper made its output already), so a stand-in
+    for a wrapper is sized as any other: within the test's bound it is computed, past it
+    refused."""
+    from autograder.grading.judging.upstream import ReferenceServer, TooLarge
+
+    server = ReferenceServer(vars(load_chapter_tests("11_kernels").reference()))
+    q = torch.randn(1, 37, 16, generator=torch.Generator().manual_seed(0))
+    request = {"name": "flash_attention_triton", "kind": "call", "args": [q, q, q]}
+    out = server(request, [37, q.numel()])
+    out = out[0] if isinstance(out, list) else out  # (output, log-sum-exp)
+    torch.testing.assert_close(
+        out, torch.softmax(q @ q.mT / 4, -1) @ q, rtol=1e-4, atol=1e-5
+    )
+    with pytest.raises(TooLarge, match="more than the grader computes"):
+        server(request, [37, 16])  # an answer of 592 numbers, over 16 x 16

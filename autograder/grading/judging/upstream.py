@@ -22,6 +22,7 @@ gradients: there the second run counts for nothing and the first decides, as bef
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import importlib
 import inspect
@@ -238,6 +239,31 @@ def _numbers(value) -> int:
     return 0
 
 
+# While an answer is sized on the meta device, a Triton kernel the reference launches does
+# nothing: its wrapper has made its output buffers already (on meta: their shapes), and a
+# kernel only writes into buffers it is given. Only in the thread that sizes, only on
+# meta tensors; every real launch runs as it is.
+_SIZING = contextvars.ContextVar("sizing_on_meta", default=False)
+
+
+@functools.cache
+def _skip_triton_launches_on_meta() -> None:
+    try:
+        from triton.runtime.interpreter import InterpretedFunction
+    except ImportError:  # no Triton here: nothing launches kernels
+        return
+    launch = InterpretedFunction.run
+
+    def run(self, *args, grid, warmup, **kwargs):
+        if _SIZING.get() and any(
+            isinstance(a, torch.Tensor) and a.is_meta for a in (*args, *kwargs.values())
+        ):
+            return None
+        return launch(self, *args, grid=grid, warmup=warmup, **kwargs)
+
+    InterpretedFunction.run = run
+
+
 class ReferenceServer:
     """Answers the stand-ins' requests with the reference, in the grader's process.
     Requests are the student's, so every answer is sized on PyTorch's meta device (shapes,
@@ -303,6 +329,14 @@ class ReferenceServer:
         return module.train(bool(request.get("training")))
 
     def _sized(self, function, args, kwargs) -> None:
+        _skip_triton_launches_on_meta()
+        token = _SIZING.set(True)
+        try:
+            self._sized_on_meta(function, args, kwargs)
+        finally:
+            _SIZING.reset(token)
+
+    def _sized_on_meta(self, function, args, kwargs) -> None:
         """Run ``function`` on PyTorch's meta device first (shapes, no numbers; what it
         creates is made there too): an answer larger than this test allows is refused
         before anything is computed, and so is one the meta device cannot compute (an
