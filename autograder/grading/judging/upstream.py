@@ -332,11 +332,11 @@ class ReferenceServer:
         _skip_triton_launches_on_meta()
         token = _SIZING.set(True)
         try:
-            self._sized_on_meta(function, args, kwargs)
+            self._answer_size_on_meta(function, args, kwargs)
         finally:
             _SIZING.reset(token)
 
-    def _sized_on_meta(self, function, args, kwargs) -> None:
+    def _answer_size_on_meta(self, function, args, kwargs) -> None:
         """Run ``function`` on PyTorch's meta device first (shapes, no numbers; what it
         creates is made there too): an answer larger than this test allows is refused
         before anything is computed, and so is one the meta device cannot compute (an
