@@ -56,6 +56,7 @@ try:
         prove_sandbox,
         recorded_hook,
     )
+    from autograder.grading.recording.feedback_folder import ReleaseWithFeedbackFolder
     from autograder.grading.recording.owned_collect import OwnedCollect
     from autograder.grading.recording.safe_feedback import (
         FeedbackClearHiddenTests,
@@ -85,6 +86,11 @@ c.CourseDirectory.course_id = COURSE_ID
 # `c.CollectApp.check_owner = False` turns the check off (one uid for every user).
 if importlib.util.find_spec("ngshare_exchange") is None:
     c.ExchangeFactory.collect = OwnedCollect
+    # `nbgrader release_assignment` also makes the exchange's feedback folder (as
+    # release_feedback would): without it, a student's Fetch Feedback before any
+    # feedback was returned fails with a CRITICAL error and a traceback
+    # (autograder/grading/recording/feedback_folder.py).
+    c.ExchangeFactory.release_assignment = ReleaseWithFeedbackFolder
 
 # Late work (submitted after the due date set with `nbgrader db assignment add ...
 # --duedate=...`): "zero" records 0 points for it; "none" keeps its score.

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from nbgrader.utils import notebook_hash
 
+from autograder.grading.recording import feedback_folder
 from autograder.on_submit.inbound import Submission
 
 STYLE = (
@@ -51,10 +52,11 @@ def held_page(submission: Submission, text: str, title: str = "") -> str:
 
 def write(path: Path, text: str) -> None:
     """All at once (written beside, renamed over): a fetch never sees half a page;
-    readable by the student who fetches it, as ``release_feedback`` leaves pages."""
+    readable by the student who fetches it, as ``release_feedback`` leaves pages, in a
+    folder only its owner can list, as ``release_feedback`` makes it."""
     if not path.parent.is_dir():
         path.parent.mkdir(parents=True, exist_ok=True)
-        os.chmod(path.parent, 0o755)
+        os.chmod(path.parent, feedback_folder.mode())
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(text)
     os.chmod(tmp, 0o644)

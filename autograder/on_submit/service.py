@@ -130,6 +130,7 @@ class Service:
         if self.prepare(self.policies) != 0:
             return 1
         self.work.mkdir(parents=True, exist_ok=True)
+        self.feedback_folder()
         hide = [self.work, self.exchange, self.root]
         with (
             Sandbox(self.limits, hide=hide) as sandbox,
@@ -142,6 +143,7 @@ class Service:
             while True:
                 if not once and time.monotonic() - looked >= RELOAD_SECONDS:
                     self.reload()  # switched on or changed without a restart
+                    self.feedback_folder()
                     looked = time.monotonic()
                 taken = self.take_up()
                 recorded = self.record_finished()
@@ -149,6 +151,17 @@ class Service:
                     return 0
                 if not recorded:
                     time.sleep(POLL_SECONDS)
+
+    def feedback_folder(self) -> None:
+        """The exchange's feedback folder, for a course released before
+        ``release_assignment`` made it: a student's *Fetch Feedback* before their first
+        page then finds nothing, plainly, instead of failing with a traceback."""
+        from autograder.grading.recording import feedback_folder
+
+        try:
+            feedback_folder.ensure(self.exchange, self.course_id)
+        except OSError as exc:
+            self._complain(f"could not make the exchange's feedback folder ({exc})")
 
     def announce(self) -> None:
         on = ", ".join(self.policies) or "none yet (c.GradeOnSubmit.assignments)"
