@@ -111,6 +111,37 @@ def scaled_dot_product_attention(q, k, v, mask=None):
     return out, _weights(q, k, mask)
 """,
     # new: F.multi_head_attention_forward bound to a name before the tests
+    # round 5: a function built from the code object before arming, and PyTorch's
+    # other attention in Python (the quantizable module), reached by a built name
+    "function_from_code": _FUSED
+    + """
+import types
+_mhaf = types.FunctionType(F.multi_head_attention_forward.__code__, F.__dict__, "mine")
+def scaled_dot_product_attention(q, k, v, mask=None):
+    d, n = q.size(-1), q.size(-2)
+    eye = torch.eye(d)
+    x = q.reshape(-1, n, d).transpose(0, 1)
+    out, _ = _mhaf(x, x, x, d, 1, None, None, None, None, False, 0.0, eye, None,
+                   training=False, need_weights=False, use_separate_proj_weight=True,
+                   q_proj_weight=eye, k_proj_weight=eye, v_proj_weight=eye)
+    return out.transpose(0, 1).reshape(q.shape), _weights(q, k, mask)
+""",
+    "quantizable_by_built_name": _FUSED
+    + """
+import importlib
+_q = importlib.import_module("torch.ao.nn." + "quantizable")
+def scaled_dot_product_attention(q, k, v, mask=None):
+    d, n = q.size(-1), q.size(-2)
+    mha = _q.MultiheadAttention(d, 1, bias=False, batch_first=True)
+    with torch.no_grad():
+        mha.linear_Q.weight.copy_(torch.eye(d))
+        mha.linear_K.weight.copy_(torch.eye(d))
+        mha.linear_V.weight.copy_(torch.eye(d))
+        mha.out_proj.weight.copy_(torch.eye(d))
+        x = q.reshape(-1, n, d)
+        out = mha(x, k.reshape(-1, n, d), v.reshape(-1, n, d), need_weights=False)[0]
+    return out.reshape(q.shape), _weights(q, k, mask)
+""",
     "aliased_python_mha": _FUSED
     + """
 from torch.nn.functional import multi_head_attention_forward as _mhaf
@@ -288,7 +319,15 @@ def test_a_cheat_earns_no_more_than_the_wrong_answer_alone(graded, cheat):
 
 @pytest.mark.parametrize(
     "cheat",
-    ["disabled_modes", "destroy_registrations", "kernel_handle", "jit_script", "vmap"],
+    [
+        "disabled_modes",
+        "destroy_registrations",
+        "kernel_handle",
+        "jit_script",
+        "vmap",
+        "function_from_code",
+        "quantizable_by_built_name",
+    ],
 )
 def test_a_refused_call_fails_with_the_guards_message(graded, cheat):
     sdpa = [t for t in graded[cheat]["tests"] if t["id"].startswith("sdpa")]
@@ -304,7 +343,7 @@ def test_a_child_kept_from_arming_gets_no_grade(graded):
     assert unsealed["score"] == 0, unsealed
 
 
-@pytest.mark.parametrize("cheat", sorted(FLAGGED_ONLY))
+@pytest.mark.parametrize("cheat", sorted(FLAGGED_ONLY) + ["quantizable_by_built_name"])
 def test_what_no_guard_can_stop_is_flagged(graded, cheat):
     result = graded[cheat]
     assert result["flags"], result

@@ -13,7 +13,7 @@ from autograder.grading.judging.delegation import FEATURES, flags, remarks, stat
 from autograder.grading.judging.judge import verdict
 from autograder.grading.judging.prepare import prepare
 from autograder.grading.judging.spec import graded_chapters, load_chapter_tests
-from autograder.grading.running.student_code import StudentCode
+from autograder.grading.running.student_code import StudentCode, given_sources
 from autograder.grading.sealed import guard
 from solutions import self_attention as sa
 from tests.answers import code_of, verdicts
@@ -224,6 +224,16 @@ ELSEWHERE = {
 }
 
 
+FLASH = [("flash_attention", ("sdpa",))]
+EFFICIENT = "08_efficient_attention"
+
+
+def _on_path(body: str, head: str = FLASH_HEAD, chapter: str = EFFICIENT) -> list[str]:
+    """The flags of a flash_attention whose body is ``body``."""
+    source = head + "def flash_attention(q, k, v, block_size=64, causal=False):\n"
+    return flags([source + textwrap.indent(body, "    ")], FLASH, [], chapter)
+
+
 def test_what_no_guard_stops_is_flagged_for_review():
     """Constructs that reach past the guard (native code, raw memory, the dispatcher,
     code objects, code built at run time) are flagged."""
@@ -233,22 +243,164 @@ def test_what_no_guard_stops_is_flagged_for_review():
         "ops_aten_no_dispatch": "torch.ops",
         "eval_encoded": "eval",
         "restart_profiler": "torch._C",
+        "vars_of_F": "vars",
+        "builtins_injection": "fast_kernel",
+        "globals_injection": "__dict__",
+        "pop_mode_stack": "torch.overrides",
+        "module_written_to_disk": "fa_helper",
+        "thread": "concurrent",
+        "fork_child": "`os`",
     }
     for name, what in flagged.items():
-        found = flags([EVASIONS[name]])
+        found = flags([{**EVASIONS, **ELSEWHERE}[name]], FLASH, [], EFFICIENT)
         assert any(what in f for f in found), (name, found)
-    extra = {
+    # wherever they stand: they change the process for good, or cannot be read
+    anywhere = {
         "ctypes": "import ctypes\nctypes.CDLL(None)\n",
-        "array_interface": "import numpy\nx = numpy.ones(3).__array_interface__\n",
-        "data_ptr": "import torch\np = torch.ones(3).data_ptr()\n",
         "code_object": "def f():\n    pass\nf.__code__ = (lambda: 1).__code__\n",
         "library": "import torch\nlib = torch.library.Library('aten', 'IMPL')\n",
         "from_torch_C": "from torch._C import _DisableTorchDispatch\n",
         "getattr_C": "import torch\nC = getattr(torch, '_C')\n",
-        "exec": "exec('x = 1')\n",
+        "exec_built": "exec(''.join(['x', ' = 1']))\n",
+        "exec_literal_inside": "exec('import ctypes')\n",
+        "shell_hook": "get_ipython().events.register('pre_run_cell', print)\n",
+        "shell_alias": "ip = get_ipython()\nip.user_ns['x'] = 1\n",
+        "probe_by_parts": "name = '_grader' + '_probe'\n",
+        "tracer": "import sys\nsys.settrace(None)\n",
     }
-    for name, source in extra.items():
+    for name, source in anywhere.items():
         assert flags([source]), name
+    # on the path only: raw memory
+    assert any("data_ptr" in f for f in _on_path("q.data_ptr()\nreturn q\n"))
+    interface = _on_path("q.numpy().__array_interface__\nreturn q\n")
+    assert any("__array_interface__" in f for f in interface)
+
+
+# Round 5's kinds: what the reader cannot resolve on the path counts as what cannot be
+# stopped.
+UNRESOLVED = {
+    "getattr_built": (
+        "name = 'soft' + 'max'\nreturn getattr(torch, name)(q, -1)\n",
+        "getattr",
+    ),
+    "vars": ("return vars(F)['softmax'](q, -1)\n", "vars"),
+    "dunder_dict": ("return F.__dict__['softmax'](q, -1)\n", "__dict__"),
+    "globals": ("return globals()['helper'](q)\n", "globals"),
+    "importlib": (
+        "import importlib\nm = importlib.import_module('torch.ao.nn.' + 'quantizable')\n"
+        "return m.MultiheadAttention(8, 1)(q, k, v)[0]\n",
+        "importlib",
+    ),
+    "attrgetter": (
+        "import operator\nreturn operator.attrgetter(''.join('xam'))(q)\n",
+        "attrgetter",
+    ),
+    "quantizable_mha": (
+        "from torch.ao.nn.quantizable import MultiheadAttention\n"
+        "return MultiheadAttention(8, 1)(q, k, v)[0]\n",
+        "torch.ao",
+    ),
+    "inductor_pattern": (
+        "from torch._inductor.fx_passes import fuse_attention\n"
+        "return fuse_attention._sfdp_pattern_1(q, k, v, 1.0)\n",
+        "torch._inductor",
+    ),
+    "flex": (
+        "from torch.nn.attention.flex_attention import flex_attention\n"
+        "return flex_attention(q, k, v)\n",
+        "torch.nn.attention",
+    ),
+    "decomposition": (
+        "import torch._decomp.decompositions as d\nreturn d.matmul(q, k)\n",
+        "torch._decomp",
+    ),
+    "function_from_code": (
+        "import types\n"
+        "g = types.FunctionType(F.multi_head_attention_forward.__code__, {})\n"
+        "return g(q, k, v)\n",
+        "__code__",
+    ),
+    "code_replace": (
+        "c = F.softmax.__code__.replace(co_name='mine')\nreturn q\n",
+        "__code__",
+    ),
+    "builtins": ("import builtins\nreturn builtins.max(q)\n", "builtins"),
+    "frames": ("import sys\nreturn sys._getframe().f_globals['x']\n", "sys"),
+    "subclasses": ("return object.__subclasses__()[0](q)\n", "__subclasses__"),
+}
+
+
+def test_what_the_reader_cannot_resolve_on_the_path_is_flagged():
+    for name, (body, what) in UNRESOLVED.items():
+        found = _on_path(body)
+        assert any(what in f for f in found), (name, found)
+
+
+def test_a_name_no_cell_defines_on_the_path_is_flagged():
+    found = _on_path("return fast_kernel(q, k, v)\n")
+    assert any("fast_kernel" in f for f in found), found
+    # a name a given cell defines, a builtin, IPython's display: none of them
+    given = ["import torch\ndef course_helper(x):\n    return x\n"]
+    source = (
+        "def flash_attention(q, k, v):\n"
+        "    display(len(q))\n"
+        "    return course_helper(q)\n"
+    )
+    assert flags([source], FLASH, given, EFFICIENT) == []
+
+
+def test_a_module_mutated_at_the_top_is_on_every_path():
+    """A statement that changes a shared object is read as if the tests reached it:
+    whatever they call may reach what it changed."""
+    changes = FLASH_HEAD + (
+        "import torch.ao.nn.quantizable as qz\n"
+        "torch.Tensor.attend = lambda q, k, v: qz.MultiheadAttention(8, 1)(q, k, v)[0]\n"
+        "def flash_attention(q, k, v, block_size=64, causal=False):\n"
+        "    return q.attend(k, v)\n"
+    )
+    found = flags([changes], FLASH, [], EFFICIENT)
+    assert any("torch.ao" in f for f in found), found
+    inside = FLASH_HEAD + (
+        "def prepare():\n"
+        "    torch.Tensor.attend = vars(F)['scaled_dot_product_attention']\n"
+        "prepare()\n"
+        "def flash_attention(q, k, v, block_size=64, causal=False):\n"
+        "    return q.attend(k, v)\n"
+    )
+    found = flags([inside], FLASH, [], EFFICIENT)
+    assert any("vars" in f for f in found), found
+
+
+def test_the_chapters_allowlist_decides_which_modules_the_path_may_use():
+    triton = "import triton\nimport triton.language as tl\n"
+    body = "return triton.cdiv(q.shape[0], tl.constexpr(2))\n"
+    assert _on_path(body, triton, "11_kernels") == []
+    assert any("triton" in f for f in _on_path(body, triton, EFFICIENT))
+
+
+HONEST_SCRATCH = [
+    # a comparison with PyTorch's attention, whose result is named like the answer's local
+    "import torch\nimport torch.nn.functional as F\nq = k = v = torch.randn(1, 4, 8)\n"
+    "out = F.scaled_dot_product_attention(q, k, v)\n",
+    # eval of a literal
+    "print(eval('1 + 2'))\n",
+    # a view shares its storage (PyTorch's documentation checks it so)
+    "import torch\nt = torch.randn(3, 4)\nprint(t.data_ptr() == t.t().data_ptr())\n",
+    "import gc, sys, inspect\nprint(sys.version, gc.isenabled())\n",
+    "import importlib\nprint(importlib.util.find_spec('einops') is not None)\n",
+    "exec('x_mine = 3')\nprint(getattr(torch, 'soft' + 'max'))\n",
+]
+
+
+def test_scratch_cells_never_flag():
+    """Flags come only from what the tests reach: a scratch cell comparing with
+    PyTorch, an eval of a literal, a data_ptr check, a module used for a print."""
+    own = FLASH_HEAD + (
+        "def flash_attention(q, k, v, block_size=64, causal=False):\n"
+        "    out = torch.softmax(q @ k.transpose(-2, -1), -1) @ v\n"
+        "    return out\n"
+    )
+    assert flags([*HONEST_SCRATCH, own], FLASH, [], EFFICIENT) == []
 
 
 HONEST_CELLS = [
@@ -267,16 +419,27 @@ HONEST_CELLS = [
 
 
 def test_honest_notebooks_and_the_references_are_not_flagged():
-    assert flags([OWN, FLASH_HEAD, *HONEST_CELLS]) == []
+    sdpa = [("scaled_dot_product_attention", ("sdpa",)), ("SelfAttention", ("sdpa",))]
+    assert flags([OWN, FLASH_HEAD, *HONEST_CELLS], sdpa, [], "03_self_attention") == []
     for chapter in graded_chapters():
-        cells = list(answers(chapter).values())
-        assert flags(cells) == [], chapter
+        cells = [*answers(chapter).values(), *HONEST_CELLS]
+        tests = load_chapter_tests(chapter)
+        exercises = sorted({(t.exercise, t.forbidden) for t in tests.tests})
+        given = given_sources(chapter)
+        assert flags(cells, exercises, given, chapter) == [], chapter
 
 
 def test_pytorchs_attention_pasted_in_is_flagged():
     pasted = textwrap.dedent(inspect.getsource(F.multi_head_attention_forward))
-    found = flags(["import torch\n" + pasted])
+    pasted = pasted.replace("def multi_head_attention_forward(", "def mine(")
+    answer = (
+        "def scaled_dot_product_attention(q, k, v, mask=None):\n    return mine(q)\n"
+    )
+    sdpa = [("scaled_dot_product_attention", ("sdpa",))]
+    found = flags(["import torch\n" + pasted, answer], sdpa)
     assert any("multi_head_attention_forward" in f for f in found), found
+    # pasted but not on the path: a scratch cell's
+    assert flags(["import torch\n" + pasted, OWN], sdpa) == []
     assert delegation.similarity([OWN]) == []
 
 

@@ -170,22 +170,6 @@ def test_a_faked_proc_status_does_not_disarm_the_guard():
     assert done.stdout.strip().splitlines()[-1:] == ["refused"], done.stderr[-2000:]
 
 
-def test_the_python_attention_stubs_say_what_the_guard_says():
-    from autograder.grading.sealed import probe
-
-    for refuser, name in (
-        (probe._refuse_multi_head_attention_forward, "multi_head_attention_forward"),
-        (probe._refuse_multihead_attention, "nn.MultiheadAttention"),
-        (probe._refuse_flex_attention, "flex_attention"),
-    ):
-        with pytest.raises(RuntimeError) as raised:
-            refuser(1, two=2)
-        assert str(raised.value) == guard.refusal(name)
-        assert not refuser.__code__.co_names or set(refuser.__code__.co_names) <= {
-            "RuntimeError"
-        }  # no global name: its code can replace the original's
-
-
 def _window(tmp_path):
     from autograder.grading.sealed.window import SealedWindow
 

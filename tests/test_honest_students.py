@@ -99,6 +99,7 @@ def test_an_honest_tinkerer_earns_full_marks(graded, chapter):
     failed = [t for t in result["tests"] if not t["passed"]]
     assert not failed, failed
     assert result["score"] == result["max_score"] > 0
+    assert result["flags"] == [], result["flags"]  # nothing for review either
 
 
 def _compiled(source: str) -> str:
@@ -125,6 +126,7 @@ def test_an_answer_wrapped_in_torch_compile_earns_full_marks(tmp_path):
     failed = [t for t in result["tests"] if not t["passed"]]
     assert not failed, failed
     assert result["score"] == result["max_score"] > 0
+    assert result["flags"] == [], result["flags"]
 
 
 @pytest.mark.slow

@@ -426,7 +426,10 @@ def _grade(
     reason = _missing_reason(run, end)
     code = StudentCode.of_notebook(nb, tests.chapter)
     run.flags = delegation.flags(
-        code.cells, [(p.test.exercise, p.test.forbidden) for p in prepared]
+        code.cells,
+        [(p.test.exercise, p.test.forbidden) for p in prepared],
+        code.given,
+        tests.chapter,
     )
     verdicts = [
         verdict(tests, p, g, code, reason, run.second_runs.get(i))

@@ -11,10 +11,12 @@ may only
   feature that is not attention and that the exercise asks the student to write
   (``softmax`` in the flash tiles, ``cross_entropy`` in label smoothing): a hint, no
   point taken;
-- flag a submission for the instructor's review (:func:`flags`): constructs that no
-  honest answer needs (calls into native code, raw memory, PyTorch's dispatcher, code
-  objects, ``exec``) and code that reads like PyTorch's own attention pasted in. A flag
-  goes to the gradebook, the summary and the class report, and never changes a score.
+- flag a submission for the instructor's review (:func:`flags`): wherever it stands,
+  what changes the process for good (native code, PyTorch's dispatcher, code objects,
+  shell hooks, ``exec`` of a built string: :func:`constructs`); on the path the tests
+  reach, whatever the reader cannot vouch for (``call_path``), PyTorch's attention named,
+  or its source pasted in. A flag goes to the gradebook, the summary and the class
+  report, and never changes a score.
 """
 
 from __future__ import annotations
@@ -115,7 +117,13 @@ def _in_module_scope(tree: ast.AST) -> Iterator[ast.AST]:
 
 
 def _stored_names(target: ast.AST) -> list[str]:
-    return [n.id for n in ast.walk(target) if isinstance(n, ast.Name)]
+    """The names a target binds (``x``, ``a, *b``), not those an item or attribute
+    hangs from (``cache[k] = ...`` binds nothing)."""
+    return [
+        n.id
+        for n in ast.walk(target)
+        if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)
+    ]
 
 
 def _binds(node: ast.AST) -> list[tuple[str, ast.AST]]:
@@ -197,14 +205,19 @@ def _walk(node: ast.AST, skip) -> Iterator[ast.AST]:
 
 
 def _words(node: ast.AST) -> tuple[set[str], set[str]]:
-    """Under ``node``: bare names (which may be the student's own, to follow), and words
+    """Under ``node``: bare names looked up in the notebook's scope (which may be the
+    student's own, to follow; a function's own names are its own), and words
     that always refer to something else: attribute names, imported names, strings."""
-    names, words = set(), set()
+    from autograder.grading.judging.call_path import module_scope_names
+
+    words = set()
     skip = _not_calls(node)
+    skipped = {
+        id(n) for sub in ast.walk(node) if id(sub) in skip for n in ast.walk(sub)
+    }
+    names = {n.id for n in module_scope_names(node) if id(n) not in skipped}
     for sub in _walk(node, lambda n: id(n) in skip):
-        if isinstance(sub, ast.Name):
-            names.add(sub.id)
-        elif isinstance(sub, ast.Attribute):
+        if isinstance(sub, ast.Attribute):
             words.add(sub.attr)
         elif isinstance(sub, ast.alias):
             words.update(sub.name.split("."))
@@ -292,80 +305,147 @@ def remarks(
     )
 
 
-# Flags for the instructor's review. Constructs no honest answer to these exercises
-# needs, by what they reach: native code and raw memory, PyTorch's dispatcher and
-# operator registry, code objects, code built at run time.
-_FLAGGED_MODULES = {
+# Flags for the instructor's review, wherever the code stands: what changes the process
+# for good before the hidden tests run (native code and raw memory, PyTorch's dispatcher
+# and operator registry, code objects, hooks that run around every cell, the grader's
+# own objects), and code the reader cannot read (``exec`` of a string built at run time).
+# What an exercise's tests reach is read more strictly (``call_path``).
+_NATIVE_MODULES = {
     "ctypes": "calls native code (ctypes)",
     "cffi": "calls native code (cffi)",
     "_ctypes": "calls native code (ctypes)",
     "mmap": "maps raw memory (mmap)",
 }
-_FLAGGED_ATTRIBUTES = {
-    "__array_interface__": "reads raw memory (__array_interface__)",
-    "__cuda_array_interface__": "reads raw memory (__cuda_array_interface__)",
-    "data_ptr": "takes raw pointers (data_ptr)",
-    "untyped_storage": "reaches tensor storage (untyped_storage)",
-    "_construct_storage_from_data_pointer": "builds tensors from raw pointers",
-    "from_address": "reads raw memory (from_address)",
+_DISPATCH = {
     "_C": "reaches into PyTorch's C++ bindings (torch._C)",
     "ops": "calls PyTorch's operators directly (torch.ops)",
     "library": "registers PyTorch operator kernels (torch.library)",
-    "__code__": "edits code objects (__code__)",
-    "_destroy": "removes PyTorch registrations (_destroy)",
-    "_grader_probe": "reaches into the grader's probe",
 }
-_FLAGGED_CALLS = {
+_ANYWHERE_ATTRIBUTES = {
+    "_destroy": "removes PyTorch registrations (_destroy)",
+    "_construct_storage_from_data_pointer": "builds tensors from raw pointers",
+    "from_address": "reads raw memory (from_address)",
+    "settrace": "installs a tracer (settrace)",
+    "setprofile": "installs a profiler hook (setprofile)",
+    "addaudithook": "installs an audit hook (addaudithook)",
+    "monitoring": "installs monitoring callbacks (sys.monitoring)",
+}
+# what IPython's shell exposes that runs code around every cell, the grader's too
+_SHELL_HOOKS = {
+    "events",
+    "user_ns",
+    "user_global_ns",
+    "user_ns_hidden",
+    "ast_transformers",
+    "input_transformers_post",
+    "input_transformers_cleanup",
+    "set_hook",
+    "set_custom_exc",
+}
+_CODE_AT_RUN_TIME = {
     "exec": "runs code built at run time (exec)",
     "eval": "runs code built at run time (eval)",
     "compile": "compiles code at run time (compile)",
-    "__import__": "imports by a name built at run time (__import__)",
 }
-_FLAGGED_STRINGS = {
-    "_C",
-    "ops",
-    "library",
-    "__code__",
-    "ctypes",
-    "cffi",
-    "_grader_probe",
-}
+
+
+def _is_shell(node: ast.AST, shells: set[str]) -> bool:
+    """``get_ipython()``, or a name bound to it."""
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+        return node.func.id == "get_ipython"
+    return isinstance(node, ast.Name) and node.id in shells
+
+
+def _literal_code(call: ast.Call) -> ast.AST | None:
+    """The code a string literal handed to exec/eval/compile is, or None."""
+    if call.args and isinstance(call.args[0], ast.Constant):
+        text = call.args[0].value
+        if isinstance(text, str):
+            tree = _parse(text)
+            if tree is None:
+                try:
+                    tree = ast.parse(text, mode="eval")
+                except SyntaxError:
+                    return None
+            return tree
+    return None
 
 
 def constructs(sources: list[str]) -> list[str]:
-    """What in the student's own cells no honest answer needs (sorted, each once)."""
+    """What in the student's own cells changes the process for good or cannot be read,
+    wherever it stands (sorted, each once)."""
     found = set()
-    for tree in (t for t in map(_parse, sources) if t is not None):
-        for node in ast.walk(tree):
-            if isinstance(node, ast.Import | ast.ImportFrom):
-                modules = [a.name for a in node.names]
-                if isinstance(node, ast.ImportFrom) and node.module:
-                    modules = [node.module] + [
-                        f"{node.module}.{a.name}" for a in node.names
-                    ]
-                for module in modules:
-                    parts = module.split(".")
-                    for part in parts:
-                        if part in _FLAGGED_MODULES:
-                            found.add(_FLAGGED_MODULES[part])
-                    if parts[0] == "torch" and len(parts) > 1:
-                        if parts[1] in ("_C", "ops", "library"):
-                            found.add(_FLAGGED_ATTRIBUTES[parts[1]])
-            elif isinstance(node, ast.Attribute) and node.attr in _FLAGGED_ATTRIBUTES:
-                if node.attr in ("ops", "library", "_C"):
-                    owner = node.value
-                    if not (isinstance(owner, ast.Name) and owner.id == "torch"):
-                        continue
-                found.add(_FLAGGED_ATTRIBUTES[node.attr])
-            elif isinstance(node, ast.Name) and node.id == "_grader_probe":
-                found.add(_FLAGGED_ATTRIBUTES["_grader_probe"])
-            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
-                if node.func.id in _FLAGGED_CALLS:
-                    found.add(_FLAGGED_CALLS[node.func.id])
-            elif isinstance(node, ast.Constant) and isinstance(node.value, str):
-                if node.value in _FLAGGED_STRINGS:
-                    found.add(f"names {node.value!r} in a string (getattr?)")
+    todo = [t for t in map(_parse, sources) if t is not None]
+    depth = 0
+    while todo and depth < 4:
+        trees, todo, depth = todo, [], depth + 1
+        for tree in trees:
+            _constructs_of(tree, found, todo)
     return sorted(found)
+
+
+def _constructs_of(tree: ast.AST, found: set[str], literal_code: list) -> None:
+    torches = {"torch"}
+    shells = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name == "torch" or a.name.startswith("torch."):
+                    torches.add(a.asname or "torch")
+        elif isinstance(node, ast.Assign) and _is_shell(node.value, set()):
+            shells |= {
+                n.id
+                for t in node.targets
+                for n in ast.walk(t)
+                if isinstance(n, ast.Name)
+            }
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            modules = [a.name for a in node.names]
+            if isinstance(node, ast.ImportFrom) and node.module:
+                modules = [node.module] + [
+                    f"{node.module}.{a.name}" for a in node.names
+                ]
+            for parts in (m.split(".") for m in modules):
+                found.update(_NATIVE_MODULES[p] for p in parts if p in _NATIVE_MODULES)
+                if parts[0] == "torch" and len(parts) > 1 and parts[1] in _DISPATCH:
+                    found.add(_DISPATCH[parts[1]])
+        elif isinstance(node, ast.Attribute):
+            if node.attr in _DISPATCH:
+                owner = node.value
+                if isinstance(owner, ast.Name) and owner.id in torches:
+                    found.add(_DISPATCH[node.attr])
+            elif node.attr in _ANYWHERE_ATTRIBUTES:
+                found.add(_ANYWHERE_ATTRIBUTES[node.attr])
+            elif node.attr == "__code__" and isinstance(node.ctx, ast.Store):
+                found.add("edits code objects (__code__)")
+            elif node.attr in _SHELL_HOOKS and _is_shell(node.value, shells):
+                found.add(
+                    f"reaches the notebook shell's {node.attr} (runs code around "
+                    "every cell, the grader's too)"
+                )
+        elif isinstance(node, ast.Name) and node.id == "_grader_probe":
+            found.add("reaches into the grader's probe")
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            if "_grader" in node.value:
+                found.add("names the grader's objects in a string")
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+            name = node.func.id
+            if name in _CODE_AT_RUN_TIME:
+                code = _literal_code(node)
+                if code is None:
+                    found.add(_CODE_AT_RUN_TIME[name])
+                else:
+                    literal_code.append(code)  # read as the code it is
+            elif name == "getattr" and len(node.args) >= 2:
+                owner, attr = node.args[0], node.args[1]
+                if (
+                    isinstance(owner, ast.Name)
+                    and owner.id in torches
+                    and isinstance(attr, ast.Constant)
+                    and attr.value in _DISPATCH
+                ):
+                    found.add(_DISPATCH[attr.value])
 
 
 SIMILARITY_THRESHOLD = 0.6  # share of PyTorch's attention source's 5-token runs
@@ -448,16 +528,27 @@ def similarity(sources: list[str]) -> list[str]:
 
 
 def flags(
-    sources: list[str], exercises: list[tuple[str, tuple[str, ...]]] = ()
+    sources: list[str],
+    exercises: list[tuple[str, tuple[str, ...]]] = (),
+    given: list[str] = (),
+    chapter: str | None = None,
 ) -> list[str]:
-    """What the instructor should look at in these cells (the student's own): never a
-    point, only a list for review. ``exercises``: each exercise with the features it
-    forbids; one whose call path names PyTorch's attention is flagged too (a dead first
-    try is flagged as well: only a person can tell)."""
+    """What the instructor should look at in these cells (the student's own; ``given``:
+    the course's cells of the notebook): never a point, only a list for review.
+    ``exercises``: each graded exercise with the features it forbids. Flagged: what
+    changes the process for good wherever it stands (``constructs``); on the exercises'
+    call path, what the reader cannot vouch for (``call_path``), PyTorch's attention
+    named (a dead first try is flagged as well: only a person can tell) or pasted in."""
+    from autograder.grading.judging.call_path import Reader
     from autograder.grading.sealed.guard import ATTENTION_FEATURES
 
     with READING_CODE:
-        found = constructs(sources) + similarity(sources)
+        found = constructs(sources)
+        if exercises:
+            reader = Reader(sources, list(given), chapter)
+            names = [exercise for exercise, _ in exercises]
+            found += reader.problems(names)
+            found += similarity([ast.unparse(n) for n in reader.path(names)])
         for exercise, forbidden in exercises:
             attention = tuple(f for f in forbidden if f in ATTENTION_FEATURES)
             if attention and static_uses(sources, exercise, attention):

@@ -23,7 +23,7 @@ from autograder.grading.judging.prepare import PreparedTest
 from autograder.grading.running.limits import Limits
 from autograder.grading.running.sandbox import interrupt_kernel, kill_kernel
 from autograder.grading.running.student_code import is_test_cell
-from autograder.grading.sealed import guard, probe, result_reader
+from autograder.grading.sealed import guard, probe, python_attention, result_reader
 from autograder.grading.sealed.window import SealedWindow
 
 
@@ -73,6 +73,8 @@ def _probe_setup_cell() -> str:
         "import types as _grader_types\n"
         "_grader_probe = _grader_types.ModuleType('_grader_probe')\n"
         f"exec(compile({source!r}, '<grader probe>', 'exec'), _grader_probe.__dict__)\n"
+        f"_grader_probe.PYTHON_ATTENTION = {python_attention.by_code_key()!r}\n"
+        f"_grader_probe.REFUSAL_TAIL = {guard.MESSAGE_TAIL!r}\n"
     )
 
 
