@@ -234,3 +234,76 @@ def test_a_memory_limit_no_kernel_can_start_under_is_refused_with_its_reason():
     what is wrong and what limit to use instead."""
     with pytest.raises(SandboxUnavailable, match=r"--memory-mb \d+ or more"):
         Sandbox(Limits(memory_mb=512))
+
+
+# Shared memory past the limit, four threads at once, the kernel recording what it holds
+# (in its kernel directory, on the grader's disk) after each 10 MB.
+FAST_HOG = """
+import os, threading
+from ipykernel.connect import get_connection_file
+record = os.open(os.path.join(os.path.dirname(get_connection_file()), "held"),
+                 os.O_WRONLY | os.O_CREAT)
+lock, held, files = threading.Lock(), [0], []
+def hog():
+    chunk = b"x" * 2**20
+    while True:
+        fd = os.memfd_create("hog")
+        files.append(fd)
+        for _ in range(20):
+            for _ in range(10):
+                os.write(fd, chunk)
+            with lock:
+                held[0] += 10
+                os.pwrite(record, str(held[0]).rjust(12).encode(), 0)
+threads = [threading.Thread(target=hog) for _ in range(4)]
+for t in threads: t.start()
+for t in threads: t.join()
+"""
+MARGIN_MB = 256  # limits.py's stated margin
+
+
+def test_memory_past_the_limit_on_a_busy_machine_is_stopped_within_the_margin():
+    """A kernel that fills shared memory past a 2048 MB limit from four threads, while
+    four busy processes per core keep the machine loaded: it is killed for memory, and
+    neither what it recorded holding nor the watch's peak is past the limit plus the
+    margin ``Limits`` states."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    import nbformat
+    from nbclient import NotebookClient
+
+    limit = 2048
+    with Sandbox(Limits(memory_mb=limit)) as sb:
+        burners = [
+            subprocess.Popen([sys.executable, "-c", "while True: pass"])
+            for _ in range(4 * os.cpu_count())
+        ]
+        try:
+            time.sleep(1)
+            nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(FAST_HOG)])
+            with sb.kernel() as (km, workdir):
+                client = NotebookClient(
+                    nb, km=km, allow_errors=True, timeout=120,
+                    resources={"metadata": {"path": str(workdir)}},
+                )  # fmt: skip
+                try:
+                    client.execute()
+                except Exception:  # noqa: BLE001 (the kernel died: that is the point)
+                    pass
+                # runnable now, of all processes (/proc/loadavg's fourth field)
+                running = int(
+                    Path("/proc/loadavg").read_text().split()[3].split("/")[0]
+                )
+                end = sb.end(km, workdir)
+                held = int(Path(km.connection_file).with_name("held").read_text())
+        finally:
+            for burner in burners:
+                burner.kill()
+                burner.wait()
+    assert end.killed_for_memory_mb, end
+    assert held <= limit + MARGIN_MB, (held, end)
+    assert limit < end.peak_mb <= limit + MARGIN_MB, end
+    assert running >= 2 * os.cpu_count(), running  # the machine really was busy

@@ -15,7 +15,12 @@ class Limits:
     # space
     # all the memory a submission holds together, its processes', tmpfs files' and shared
     # memory's (the sandbox's watch kills the largest process past it, or the kernel),
-    # and the address space of each process (RLIMIT_AS; past it, MemoryError)
+    # and the address space of each process (RLIMIT_AS; past it, MemoryError). Sampled,
+    # every watch_period and down to every 5 ms as it nears the limit: a kernel is
+    # stopped before it holds more than the limit plus a margin of 256 MB, whatever the
+    # machine's load (measured: at most 2089 MB under 2048, four threads filling shared
+    # memory, idle and with four busy processes per core; tests/test_sandbox.py). Its
+    # SysV segments together are capped at the limit (its IPC namespace's shmall).
     memory_mb: int = 8192
     output_mb: float = (
         10.0  # text and images a cell may print; past it, it is interrupted

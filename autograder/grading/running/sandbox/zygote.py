@@ -514,7 +514,8 @@ def _open_files(pids):
 
 
 class Watch:
-    """All the memory the submission holds, summed every ``period`` seconds: its
+    """All the memory the submission holds, summed every ``period`` seconds (sooner as
+    it nears the limit: ``_next_wait``): its
     processes' own memory, its tmpfs files, its SysV segments (this process is in the
     kernel's IPC namespace) and its memfd files, each counted once. Past the limit the
     largest process is killed (a forked child before the kernel), until the rest fit;
@@ -531,25 +532,52 @@ class Watch:
 
     EXACT_GROWTH = 64 * 2**20
     EXACT_EVERY = 1.0
+    SOONEST = 0.005  # seconds: the shortest wait between two samples
 
-    def __init__(self, limit):
-        self.limit = limit
+    def __init__(self, limit, period=0.2):
+        self.limit, self.period = limit, period
         self.peak = 0
         self.killed = []  # (pid, bytes) of the processes killed for memory
         self.shm_dev = _shm_device()
         self.open = {}  # the last sample's open files (``Scratch`` reads them too)
         self._exact_bound = None  # the bound when the exact sum was last taken
         self._exact_when = 0.0
+        self._last = None  # (time, bound) of the last sample
+        self._processes = 0  # what the processes held at the last exact sum
+        self.wait = period  # seconds until the next sample (``_next_wait``)
+
+    def _next_wait(self, now, bound):
+        """Sooner than ``period`` while the memory grows towards the limit: a quarter of
+        the time the growth since the last sample would take to reach it (never under
+        ``SOONEST``). A notebook that allocates fast is sampled every few hundredths of
+        a second as it nears the limit, so what it adds between the sample that finds it
+        past the limit and the one before stays small, whatever the machine's load (its
+        allocation gets the same share of the CPU as this process)."""
+        last, self._last = self._last, (now, bound)
+        self.wait = self.period
+        if last is None or bound <= last[1] or now <= last[0]:
+            return
+        rate = (bound - last[1]) / (now - last[0])
+        ahead = max(self.limit - bound, 0) / rate
+        self.wait = min(self.period, max(self.SOONEST, ahead / 4))
 
     def sample(self):
         if os.path.exists("/proc/self"):
             return  # the host's /proc: the kernel has not mounted its own yet
+        shared = _tmpfs_used() + _sysv_shm()
+        if shared > self.limit:  # no process's death frees it: the kernel at once
+            self._kill_kernel(shared)
+            return
         pids = [entry for entry in os.listdir("/proc") if entry.isdigit()]
         self.open = _open_files(pids)
         memfds = {k: v for k, v in self.open.items() if k[0] == self.shm_dev}
-        shared = _tmpfs_used() + _sysv_shm() + sum(b for _, b in memfds.values())
+        shared += sum(b for _, b in memfds.values())
+        if shared > self.limit:
+            self._kill_kernel(shared)
+            return
         bound = sum(_statm(pid) for pid in pids) + shared
         now = time.monotonic()
+        self._next_wait(now, bound)
         if (
             bound <= self.limit
             and self._exact_bound is not None
@@ -559,18 +587,27 @@ class Watch:
             return
         self._exact_bound, self._exact_when = bound, now
         sizes = {pid: _memory_of(pid, self.shm_dev, memfds) for pid in pids}
-        total = sum(sizes.values()) + shared
+        self._processes = sum(sizes.values())
+        total = self._processes + shared
         self.peak = max(self.peak, total)
         while total > self.limit and sizes:
             # the kernel (PID 1 in its namespace) last: a forked child goes first
             pid = max(sizes, key=lambda p: (p != "1", sizes[p]))
-            if shared > self.limit:
-                pid = "1"  # its end frees its IPC namespace and tmpfs mounts
             _kill_listed(pid)
             self.killed.append((pid, total if pid == "1" else sizes[pid]))
             if pid == "1":
                 return
             total -= sizes.pop(pid)
+
+    def _kill_kernel(self, held):
+        """The kernel, and so every process of the submission: its end frees its IPC
+        namespace and tmpfs mounts, and the memfd files its processes hold. ``held``:
+        its shared memory; its processes' as at the last exact sum."""
+        held += self._processes
+        self.peak = max(self.peak, held)
+        _kill_listed("1")
+        if not (self.killed and self.killed[-1][0] == "1"):  # once, not at each sample
+            self.killed.append(("1", held))
 
 
 class Scratch:
@@ -640,6 +677,19 @@ def isolate():
     loopback_up()
 
 
+def cap_sysv_shm(limit):
+    """The kernel's SysV segments together (its IPC namespace's ``shmall``, and each
+    one's ``shmmax``) capped at the memory limit: past it ``shmget`` fails (ENOSPC) and
+    no segment, attached or not, can hold more, whenever the watch runs. Best effort:
+    a kernel that refuses the write leaves the watch alone to bound them."""
+    for name, value in (("shmmax", limit), ("shmall", -(-limit // _PAGE))):
+        try:
+            with open(f"/proc/sys/kernel/{name}", "w") as f:
+                f.write(str(value))
+        except OSError:
+            pass
+
+
 def serve_one(conn, request, config):
     """In the forked child: the kernel's own namespaces, then the kernel as PID 1. Here
     the kernel's signals are relayed, the memory it holds and what it writes to its
@@ -653,6 +703,8 @@ def serve_one(conn, request, config):
         request["pid_file"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600
     )
     isolate()
+    if config["memory"]:
+        cap_sysv_shm(config["memory"])  # this IPC namespace is the kernel's
     kernel = os.fork()
     if kernel == 0:
         die_with_parent()
@@ -664,11 +716,14 @@ def serve_one(conn, request, config):
     pidfd = os.pidfd_open(kernel)
     os.write(pid_file, str(kernel).encode())
     os.close(pid_file)
-    watch = Watch(config["memory"]) if config["memory"] else None
+    watch = (
+        Watch(config["memory"], config["watch_period"]) if config["memory"] else None
+    )
     scratch = Scratch(request["kernel_dir"], config["kernel_dir"])
     killed_by = None  # who among us ended the kernel, if anyone did
     while True:
-        readable, _, _ = select.select([conn, pidfd], [], [], config["watch_period"])
+        wait = watch.wait if watch is not None else config["watch_period"]
+        readable, _, _ = select.select([conn, pidfd], [], [], wait)
         if pidfd in readable:
             break
         if watch is not None:
