@@ -494,3 +494,14 @@ def test_a_remark_is_never_on_the_line_of_a_lost_point():
     assert remark.output_type == "stream" and remark.text.startswith(
         "Remark on your code"
     )
+
+
+def test_code_nested_too_deep_to_read_is_flagged_not_a_crash():
+    for depth in (900, 50_000):
+        deep = "    return " + " + ".join(["q"] * depth) + "\n"
+        source = "def flash_attention(q, k, v, block_size=64, causal=False):\n" + deep
+        found = flags([source], FLASH, [], EFFICIENT)
+        # read, where Python's recursion limit allows it, else flagged
+        assert all("too deep" in f for f in found), found
+        assert found or depth < 10_000
+        assert remarks([source], "flash_attention", ("sdpa", "softmax")) == ""

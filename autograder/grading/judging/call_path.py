@@ -208,51 +208,42 @@ def _locals_of(function: ast.AST) -> set[str]:
 
 def module_scope_names(node: ast.AST) -> Iterator[ast.Name]:
     """Every ``Name`` under ``node`` (a top-level statement) that Python looks up in the
-    notebook's scope, loads and stores: a function's own names are its own."""
-
-    def visit(sub: ast.AST, local: frozenset) -> Iterator[ast.Name]:
+    notebook's scope, loads and stores: a function's own names are its own. Iterative:
+    code nested thousands deep is read like any other."""
+    todo = [(node, frozenset())]
+    while todo:
+        sub, local = todo.pop()
         if isinstance(sub, ast.Name):
             if sub.id not in local:
                 yield sub
-            return
-        if isinstance(sub, _FUNCTIONS):
+        elif isinstance(sub, _FUNCTIONS):
             outer = list(sub.args.defaults) + [d for d in sub.args.kw_defaults if d]
             if not isinstance(sub, ast.Lambda):
                 outer += sub.decorator_list
                 if sub.returns is not None:
                     outer.append(sub.returns)
-            for o in outer:
-                yield from visit(o, local)
+            todo += [(o, local) for o in outer]
             inner = local | _locals_of(sub)
             body = [sub.body] if isinstance(sub, ast.Lambda) else sub.body
-            for statement in body:
-                yield from visit(statement, inner)
-            return
-        if isinstance(sub, ast.ClassDef):
-            for o in sub.decorator_list + sub.bases + [k.value for k in sub.keywords]:
-                yield from visit(o, local)
+            todo += [(statement, inner) for statement in body]
+        elif isinstance(sub, ast.ClassDef):
+            outer = sub.decorator_list + sub.bases + [k.value for k in sub.keywords]
             # a class body's names are not seen by its methods: the enclosing scope's are
-            for statement in sub.body:
-                yield from visit(statement, local)
-            return
-        if isinstance(sub, _COMPREHENSIONS):
+            todo += [(o, local) for o in [*outer, *sub.body]]
+        elif isinstance(sub, _COMPREHENSIONS):
             bound = set()
             for generator in sub.generators:
                 bound |= {
                     n.id for n in ast.walk(generator.target) if isinstance(n, ast.Name)
                 }
             inner = local | bound
-            yield from visit(sub.generators[0].iter, local)
+            todo.append((sub.generators[0].iter, local))
             rest = [g.iter for g in sub.generators[1:]]
             rest += [c for g in sub.generators for c in g.ifs]
             rest += [sub.key, sub.value] if isinstance(sub, ast.DictComp) else [sub.elt]
-            for r in rest:
-                yield from visit(r, inner)
-            return
-        for child in ast.iter_child_nodes(sub):
-            yield from visit(child, local)
-
-    yield from visit(node, frozenset())
+            todo += [(r, inner) for r in rest]
+        else:
+            todo += [(child, local) for child in ast.iter_child_nodes(sub)]
 
 
 # Modules, resolved.

@@ -295,7 +295,10 @@ def remarks(
     others = tuple(f for f in forbidden if f not in ATTENTION_FEATURES)
     if not others:
         return ""
-    found = static_uses(sources, exercise, others)
+    try:
+        found = static_uses(sources, exercise, others)
+    except RecursionError:  # nested too deep to read: flagged (``flags``), no remark
+        return ""
     if not found:
         return ""
     described = " and ".join(FEATURES[f].description for f in found)
@@ -539,18 +542,25 @@ def flags(
     changes the process for good wherever it stands (``constructs``); on the exercises'
     call path, what the reader cannot vouch for (``call_path``), PyTorch's attention
     named (a dead first try is flagged as well: only a person can tell) or pasted in."""
+    with READING_CODE:
+        try:
+            return _flags(sources, exercises, given, chapter)
+        except RecursionError:  # Python's own parser and unparser recurse
+            return ["code nested too deep to read: the reader cannot vouch for it"]
+
+
+def _flags(sources, exercises, given, chapter) -> list[str]:
     from autograder.grading.judging.call_path import Reader
     from autograder.grading.sealed.guard import ATTENTION_FEATURES
 
-    with READING_CODE:
-        found = constructs(sources)
-        if exercises:
-            reader = Reader(sources, list(given), chapter)
-            names = [exercise for exercise, _ in exercises]
-            found += reader.problems(names)
-            found += similarity([ast.unparse(n) for n in reader.path(names)])
-        for exercise, forbidden in exercises:
-            attention = tuple(f for f in forbidden if f in ATTENTION_FEATURES)
-            if attention and static_uses(sources, exercise, attention):
-                found.append(f"`{exercise}` names PyTorch's attention in its code")
+    found = constructs(sources)
+    if exercises:
+        reader = Reader(sources, list(given), chapter)
+        names = [exercise for exercise, _ in exercises]
+        found += reader.problems(names)
+        found += similarity([ast.unparse(n) for n in reader.path(names)])
+    for exercise, forbidden in exercises:
+        attention = tuple(f for f in forbidden if f in ATTENTION_FEATURES)
+        if attention and static_uses(sources, exercise, attention):
+            found.append(f"`{exercise}` names PyTorch's attention in its code")
     return list(dict.fromkeys(found))
