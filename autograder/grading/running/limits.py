@@ -20,7 +20,8 @@ class Limits:
     # stopped before it holds more than the limit plus a margin of 256 MB, whatever the
     # machine's load (measured: at most 2089 MB under 2048, four threads filling shared
     # memory, idle and with four busy processes per core; tests/test_sandbox.py). Its
-    # SysV segments together are capped at the limit (its IPC namespace's shmall).
+    # SysV segments together are capped at the limit plus that margin (its IPC
+    # namespace's shmall).
     memory_mb: int = 8192
     output_mb: float = (
         10.0  # text and images a cell may print; past it, it is interrupted

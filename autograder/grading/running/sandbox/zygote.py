@@ -677,12 +677,17 @@ def isolate():
     loopback_up()
 
 
+MARGIN = 256 * 2**20  # what a kernel may hold past its limit before it is stopped
+
+
 def cap_sysv_shm(limit):
     """The kernel's SysV segments together (its IPC namespace's ``shmall``, and each
-    one's ``shmmax``) capped at the memory limit: past it ``shmget`` fails (ENOSPC) and
-    no segment, attached or not, can hold more, whenever the watch runs. Best effort:
-    a kernel that refuses the write leaves the watch alone to bound them."""
-    for name, value in (("shmmax", limit), ("shmall", -(-limit // _PAGE))):
+    one's ``shmmax``) capped at the memory limit plus ``MARGIN``: past it ``shmget``
+    fails (ENOSPC) and no segment, attached or not, can hold more, whenever the watch
+    runs (which stops the kernel at the limit itself, and says why). Best effort: a
+    kernel that refuses the write leaves the watch alone to bound them."""
+    cap = limit + MARGIN
+    for name, value in (("shmmax", cap), ("shmall", -(-cap // _PAGE))):
         try:
             with open(f"/proc/sys/kernel/{name}", "w") as f:
                 f.write(str(value))
