@@ -505,3 +505,20 @@ def test_code_nested_too_deep_to_read_is_flagged_not_a_crash():
         assert all("too deep" in f for f in found), found
         assert found or depth < 10_000
         assert remarks([source], "flash_attention", ("sdpa", "softmax")) == ""
+
+
+def test_a_dead_first_try_is_not_flagged_but_one_kept_alive_is():
+    first_try = (
+        "import torch.nn.functional as F\n"
+        "def scaled_dot_product_attention(q, k, v, mask=None):\n"
+        "    return F.scaled_dot_product_attention(q, k, v), None\n"
+    )
+    sdpa = [("scaled_dot_product_attention", ("sdpa",))]
+    assert flags([first_try, OWN], sdpa) == []
+    # kept under another name before the answer replaced it, and called by the answer
+    kept = "fast = scaled_dot_product_attention\n"
+    calls = OWN.replace("weights @ v, weights", "fast(q, k, v)[0], weights")
+    assert flags([first_try, kept, calls], sdpa)
+    # replaced only under a condition: both may run
+    conditional = "if True:\n" + textwrap.indent(OWN, "    ")
+    assert flags([first_try, conditional], sdpa)

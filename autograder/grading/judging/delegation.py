@@ -162,13 +162,52 @@ def _binds(node: ast.AST) -> list[tuple[str, ast.AST]]:
 
 def _top_level_bindings(trees: list[ast.Module]) -> dict[str, list[ast.AST]]:
     """Every function, class, assignment and import of the module's scope, by the name
-    it binds, wherever it stands (under an ``if``, a ``try``, a ``with``...)."""
+    it binds, wherever it stands (under an ``if``, a ``try``, a ``with``...), in the
+    order the cells run; but a binding that a later one replaces for good is left out
+    (``_live``): the tests, which run after every cell, never see a dead first try."""
     bound: dict[str, list[ast.AST]] = {}
     for tree in trees:
         for node in _in_module_scope(tree):
             for name, value in _binds(node):
                 bound.setdefault(name, []).append(value)
-    return bound
+    return _live(bound, trees)
+
+
+def _live(bound: dict[str, list[ast.AST]], trees: list[ast.Module]):
+    """``bound`` without the bindings a later one replaces for good: when a name's last
+    binding is a statement of its own (not under an ``if``, a ``try``, a loop...) and no
+    code that runs as the cells run (outside a function's body) reads the name, the
+    earlier ones are dead for everything the tests call."""
+    direct = {id(statement) for tree in trees for statement in tree.body}
+    read_at_the_top = set()
+    for tree in trees:
+        for statement in tree.body:
+            read_at_the_top |= _names_read_as_cells_run(statement)
+    live = {}
+    for name, nodes in bound.items():
+        last = nodes[-1]
+        if len(nodes) > 1 and id(last) in direct and name not in read_at_the_top:
+            nodes = [last]
+        live[name] = nodes
+    return live
+
+
+def _names_read_as_cells_run(statement: ast.AST) -> set[str]:
+    """The names ``statement`` reads while its cell runs: everywhere but in the bodies of
+    the functions it defines (decorators, defaults and class bodies run at once)."""
+    names, todo = set(), [statement]
+    while todo:
+        node = todo.pop()
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load):
+            names.add(node.id)
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            todo += node.decorator_list + node.args.defaults
+            todo += [d for d in node.args.kw_defaults if d is not None]
+        elif isinstance(node, ast.Lambda):
+            todo += node.args.defaults
+        else:
+            todo.extend(ast.iter_child_nodes(node))
+    return names
 
 
 def _not_calls(node: ast.AST) -> set[int]:
@@ -541,7 +580,8 @@ def flags(
     ``exercises``: each graded exercise with the features it forbids. Flagged: what
     changes the process for good wherever it stands (``constructs``); on the exercises'
     call path, what the reader cannot vouch for (``call_path``), PyTorch's attention
-    named (a dead first try is flagged as well: only a person can tell) or pasted in."""
+    named or pasted in. A first try that a later definition replaced for good is not on
+    the path (``_live``)."""
     with READING_CODE:
         try:
             return _flags(sources, exercises, given, chapter)
