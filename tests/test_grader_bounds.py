@@ -376,3 +376,42 @@ def test_a_huge_scratch_cell_is_not_graded_and_costs_the_grader_little(tmp_path)
     assert not result["graded"], result["message"]
     assert "KB, more than the 256 KB the grader reads" in result["message"]
     assert graded["grown_mb"] < 100, graded["grown_mb"]
+
+
+# Reads the largest code the grader reads (just under ``Limits.code_kb``), the way
+# grading does (flags once, a remark per test), in a fresh process; prints the peak of
+# what it allocated meanwhile (tracemalloc: the process's own peak may predate it).
+READ_AND_MEASURE = """
+import json, sys, tracemalloc
+from autograder.grading.judging import delegation
+from autograder.grading.running.limits import Limits
+delegation.flags(["import torch"], [("f", ("sdpa",))], [], "08_efficient_attention")
+body = "".join(
+    f"    x{i} = torch.nn.functional.softmax(q.a.b + getattr(x{i - 1}, 'c'), -1)\\n"
+    for i in range(1, 100_000)
+)
+answer = "import torch\\ndef f(q, x0=0):\\n"
+while len(answer) < Limits().code_kb * 1024 * 0.8:
+    answer += body[len(answer) : len(answer) + 4096]
+answer = answer[: answer.rfind("\\n") + 1] + "    return q\\n"
+scratch = "numbers = [" + ",".join(["1"] * 20_000) + "]\\n"
+assert len(answer) + len(scratch) < Limits().code_kb * 1024
+tracemalloc.start()
+found = delegation.flags([answer, scratch], [("f", ("sdpa", "softmax"))], [],
+                         "08_efficient_attention")
+for _ in range(3):
+    delegation.remarks([answer, scratch], "f", ("sdpa", "softmax"))
+grown = tracemalloc.get_traced_memory()[1]
+print(json.dumps({"flags": found, "grown_mb": grown / 2**20}))
+"""
+
+
+def test_reading_the_largest_code_it_reads_costs_the_grader_under_100_mb():
+    run = subprocess.run(
+        [sys.executable, "-c", READ_AND_MEASURE],
+        cwd=paths.REPO, capture_output=True, text=True, timeout=600,
+        env=user_environment(PYTHONPATH=str(paths.REPO)),
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    measured = json.loads(run.stdout.splitlines()[-1])
+    assert 10 < measured["grown_mb"] < 100, measured  # it did read the code
