@@ -37,6 +37,19 @@ def _weights(q, k, mask):
     return torch.nan_to_num(torch.softmax(s, dim=-1))
 """
 
+# an answer that computes with ``_mhaf``, PyTorch's multi_head_attention_forward however
+# the cheat came by it
+_MHA_ANSWER = """
+def scaled_dot_product_attention(q, k, v, mask=None):
+    d, n = q.size(-1), q.size(-2)
+    eye = torch.eye(d)
+    x = q.reshape(-1, n, d).transpose(0, 1)
+    out, _ = _mhaf(x, x, x, d, 1, None, None, None, None, False, 0.0, eye, None,
+                   training=False, need_weights=False, use_separate_proj_weight=True,
+                   q_proj_weight=eye, k_proj_weight=eye, v_proj_weight=eye)
+    return out.transpose(0, 1).reshape(q.shape), _weights(q, k, mask)
+"""
+
 CHEATS = {
     # attack 1: a post_run_cell hook registered through an alias swaps the exercise, after
     # the grader's setup cell, for one that calls PyTorch's attention
@@ -110,22 +123,14 @@ def scaled_dot_product_attention(q, k, v, mask=None):
         out = mha(x, x, x, need_weights=False)[0].reshape(q.shape)
     return out, _weights(q, k, mask)
 """,
-    # new: F.multi_head_attention_forward bound to a name before the tests
     # round 5: a function built from the code object before arming, and PyTorch's
     # other attention in Python (the quantizable module), reached by a built name
     "function_from_code": _FUSED
     + """
 import types
 _mhaf = types.FunctionType(F.multi_head_attention_forward.__code__, F.__dict__, "mine")
-def scaled_dot_product_attention(q, k, v, mask=None):
-    d, n = q.size(-1), q.size(-2)
-    eye = torch.eye(d)
-    x = q.reshape(-1, n, d).transpose(0, 1)
-    out, _ = _mhaf(x, x, x, d, 1, None, None, None, None, False, 0.0, eye, None,
-                   training=False, need_weights=False, use_separate_proj_weight=True,
-                   q_proj_weight=eye, k_proj_weight=eye, v_proj_weight=eye)
-    return out.transpose(0, 1).reshape(q.shape), _weights(q, k, mask)
-""",
+"""
+    + _MHA_ANSWER,
     "quantizable_by_built_name": _FUSED
     + """
 import importlib
@@ -142,18 +147,10 @@ def scaled_dot_product_attention(q, k, v, mask=None):
         out = mha(x, k.reshape(-1, n, d), v.reshape(-1, n, d), need_weights=False)[0]
     return out.reshape(q.shape), _weights(q, k, mask)
 """,
+    # new: F.multi_head_attention_forward bound to a name before the tests
     "aliased_python_mha": _FUSED
-    + """
-from torch.nn.functional import multi_head_attention_forward as _mhaf
-def scaled_dot_product_attention(q, k, v, mask=None):
-    d, n = q.size(-1), q.size(-2)
-    eye = torch.eye(d)
-    x = q.reshape(-1, n, d).transpose(0, 1)
-    out, _ = _mhaf(x, x, x, d, 1, None, None, None, None, False, 0.0, eye, None,
-                   training=False, need_weights=False, use_separate_proj_weight=True,
-                   q_proj_weight=eye, k_proj_weight=eye, v_proj_weight=eye)
-    return out.transpose(0, 1).reshape(q.shape), _weights(q, k, mask)
-""",
+    + "from torch.nn.functional import multi_head_attention_forward as _mhaf\n"
+    + _MHA_ANSWER,
     # new: the guard's refusal caught, and the output taken from a cache filled while
     # the kernel was unarmed (the inputs are drawn at grading time: nothing to cache)
     "cache_filled_unarmed": _FUSED
