@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import copy
+import dataclasses
 import functools
 import secrets
 import sys
@@ -33,6 +34,7 @@ from autograder.grading.judging.judge import (
     verdict,
 )
 from autograder.grading.judging.prepare import PreparedTest, prepare
+from autograder.grading.judging.reading import read as read_code
 from autograder.grading.judging.spec import (
     ChapterTests,
     graded_chapters,
@@ -425,12 +427,10 @@ def _grade(
         )
     reason = _missing_reason(run, end)
     code = StudentCode.of_notebook(nb, tests.chapter)
-    run.flags = delegation.flags(
-        code.cells,
-        [(p.test.exercise, p.test.forbidden) for p in prepared],
-        code.given,
-        tests.chapter,
-    )
+    exercises = [(p.test.exercise, p.test.forbidden) for p in prepared]
+    reading = read_code(code, exercises, tests.chapter)  # in a process of its own
+    run.flags = reading.flags
+    code = dataclasses.replace(code, remarks=reading.remarks)
     verdicts = [
         verdict(tests, p, g, code, reason, run.second_runs.get(i))
         for i, (p, g) in enumerate(zip(prepared, got, strict=True))

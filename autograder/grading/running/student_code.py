@@ -76,6 +76,9 @@ class StudentCode:
 
     cells: list[str]
     given: list[str] = field(default_factory=list)
+    # each (exercise, forbidden features)'s remark, when the code was read elsewhere
+    # (``judging.reading``); None: ``judge.verdict`` reads it itself
+    remarks: dict | None = None
 
     @classmethod
     def of_notebook(cls, nb, chapter: str) -> StudentCode:
