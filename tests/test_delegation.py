@@ -347,6 +347,16 @@ def test_a_name_no_cell_defines_on_the_path_is_flagged():
         "    return course_helper(q)\n"
     )
     assert flags([source], FLASH, given, EFFICIENT) == []
+    # a name a function binds for the notebook
+    counted = (
+        "def count():\n    global calls\n    calls = 1\n"
+        "def flash_attention(q, k, v):\n    count()\n    return q * calls\n"
+    )
+    assert flags([counted], FLASH, [], EFFICIENT) == []
+    # harmless names of modules that reach anything
+    harmless = "import sys, os\nreturn q * sys.float_info.epsilon * os.cpu_count()\n"
+    assert _on_path(harmless) == []
+    assert _on_path("import sys\nreturn sys.modules['torch.ao'].x(q)\n")
 
 
 def test_a_module_mutated_at_the_top_is_on_every_path():

@@ -80,8 +80,17 @@ COMMON = frozenset(
         "string",
         "numpy.*",
         "einops.*",
+        "logging",
     }
 )
+# Modules that reach anything (``sys.modules``, ``os.system``), of which an exercise may
+# use only these harmless names.
+HARMLESS_NAMES = {
+    "sys": frozenset(
+        {"float_info", "maxsize", "version_info", "platform", "stdout", "stderr"}
+    ),
+    "os": frozenset({"environ", "getenv", "cpu_count", "path", "sep"}),
+}
 # What a chapter's exercises need beyond the common modules.
 EXTRA: dict[str, frozenset[str]] = {
     "11_kernels": frozenset({"triton", "triton.language.*", "triton.testing"}),
@@ -323,6 +332,8 @@ def namespace_problem(path: str, allowed: frozenset[str]) -> str | None:
     Every module along ``path`` must be allowed, and no name under a module may be
     private (``torch._C``)."""
     parts = path.split(".")
+    if len(parts) > 1 and parts[1] in HARMLESS_NAMES.get(parts[0], ()):
+        return None
     if not _allowed(parts[0], allowed):
         return f"uses the module `{parts[0]}`, which no exercise of this chapter needs"
     module = parts[0]
@@ -355,6 +366,14 @@ class Reader:
         given_trees = [t for t in map(_parse, given) if t is not None]
         self.given_bound = _top_level_bindings(given_trees)
         self.allowed = namespaces(chapter)
+        # names a function binds for the notebook (``global counter``)
+        self.declared_global = {
+            name
+            for tree in self.trees
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Global)
+            for name in node.names
+        }
         self.aliases: dict[str, set[str]] = {}  # name -> dotted paths it may stand for
         self.stars: list[str] = []
         for tree in [*given_trees, *self.trees]:
@@ -432,6 +451,12 @@ class Reader:
         skip = _not_calls(node)
         loads = [n for n in module_scope_names(node) if isinstance(n.ctx, ast.Load)]
         in_scope = {id(n) for n in loads}
+        # modules a function imports for itself: their uses are judged as the module's
+        local_modules = {}
+        for sub in ast.walk(node):
+            if isinstance(sub, ast.Import | ast.ImportFrom):
+                for name, path in _import_targets(sub).items():
+                    local_modules.setdefault(name, set()).add(path)
         judged = set()  # nodes judged as part of a longer chain
         for sub in _walk(node, skip):
             if isinstance(sub, ast.Attribute) and sub.attr in _ATTRIBUTES:
@@ -440,6 +465,8 @@ class Reader:
                 self._check_call(sub, found, depth)
             elif isinstance(sub, ast.Import | ast.ImportFrom):  # a function's own too
                 for path in _import_targets(sub).values():
+                    if path in HARMLESS_NAMES:
+                        continue  # what it is used for is judged
                     problem = namespace_problem(path, self.allowed)
                     if problem:
                         found.add(problem)
@@ -452,6 +479,13 @@ class Reader:
                 chain = _chain(sub)
                 if chain and chain[1] and id(chain[0]) in in_scope:
                     self._check_chain(*chain, found)
+                    judged |= {id(n) for n in ast.walk(sub)}
+                elif chain and chain[1] and chain[0].id in local_modules:
+                    for path in local_modules[chain[0].id]:
+                        joined = ".".join([path, *chain[1]])
+                        problem = namespace_problem(joined, self.allowed)
+                        if problem:
+                            found.add(problem)
                     judged |= {id(n) for n in ast.walk(sub)}
         for name in loads:
             if id(name) not in judged:
@@ -497,7 +531,7 @@ class Reader:
                 if problem:
                     found.add(problem)
             return
-        if name in self.bound:
+        if name in self.bound or name in self.declared_global:
             return  # the student's own: followed
         if name in self.given_bound or name in _IPYTHON_NAMES:
             return
