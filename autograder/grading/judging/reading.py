@@ -70,8 +70,12 @@ def read(
         delegation.READING_CODE = threading.Lock()  # the copy was taken while held
         status = 0
         try:
-            limit = _address_space() + BUDGET_MB * 2**20
-            resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+            try:
+                limit = _address_space() + BUDGET_MB * 2**20
+            except OSError:  # no /proc (macOS, where the grader runs without its jail)
+                pass
+            else:
+                resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
             signal.alarm(int(SECONDS) + 1)
             found = read_in_process(code, exercises, chapter)
             reply = {"flags": found.flags, "remarks": list(found.remarks.values())}
