@@ -109,11 +109,6 @@ _BUILTIN_LOOKUPS = {
     "locals": "looks names up in a namespace (locals)",
     "__import__": "imports by a name built at run time (__import__)",
 }
-_BUILTIN_CODE = {
-    "exec": "runs code built at run time (exec)",
-    "eval": "runs code built at run time (eval)",
-    "compile": "compiles code at run time (compile)",
-}
 _BY_NAME = {
     "getattr",
     "setattr",
@@ -446,7 +441,7 @@ class Reader:
         return list(found)
 
     def _check(self, node: ast.AST, found: Found, depth: int) -> None:
-        from autograder.grading.judging.delegation import _not_calls
+        from autograder.grading.judging.delegation import _not_calls, _walk
 
         skip = _not_calls(node)
         loads = [n for n in module_scope_names(node) if isinstance(n.ctx, ast.Load)]
@@ -458,7 +453,7 @@ class Reader:
                 for name, path in _import_targets(sub).items():
                     local_modules.setdefault(name, set()).add(path)
         judged = set()  # nodes judged as part of a longer chain
-        for sub in _walk(node, skip):
+        for sub in _walk(node, lambda n: id(n) in skip):
             if isinstance(sub, ast.Attribute) and sub.attr in _ATTRIBUTES:
                 found.add(_ATTRIBUTES[sub.attr])
             if isinstance(sub, ast.Call):
@@ -492,7 +487,10 @@ class Reader:
                 self._check_name(name.id, found)
 
     def _check_call(self, call: ast.Call, found: Found, depth: int) -> None:
-        from autograder.grading.judging.delegation import _parse
+        from autograder.grading.judging.delegation import (
+            _CODE_AT_RUN_TIME,
+            _literal_code,
+        )
 
         func = call.func
         name = func.id if isinstance(func, ast.Name) else None
@@ -503,20 +501,12 @@ class Reader:
                 and isinstance(call.args[1].value, str)
             ):
                 found.add(f"looks up a name built at run time ({name})")
-        elif name in _BUILTIN_CODE and name not in self.bound:
-            literal = call.args[0] if call.args else None
-            if (
-                isinstance(literal, ast.Constant)
-                and isinstance(literal.value, str)
-                and depth < 3
-            ):
-                tree = _parse(literal.value) or _parse_expression(literal.value)
-                if tree is None:
-                    found.add(_BUILTIN_CODE[name])
-                else:
-                    self._check(tree, found, depth + 1)
+        elif name in _CODE_AT_RUN_TIME and name not in self.bound:
+            tree = _literal_code(call) if depth < 3 else None
+            if tree is None:
+                found.add(_CODE_AT_RUN_TIME[name])
             else:
-                found.add(_BUILTIN_CODE[name])
+                self._check(tree, found, depth + 1)
         elif (name or attr) in _ATTRGETTERS:
             if not all(
                 isinstance(a, ast.Constant) and isinstance(a.value, str)
@@ -599,20 +589,3 @@ def _changed_roots(statement: ast.AST) -> Iterator[str | None]:
                         yield None
                     elif id(root) in in_scope:
                         yield root.id
-
-
-def _parse_expression(text: str) -> ast.AST | None:
-    try:
-        return ast.parse(text, mode="eval")
-    except SyntaxError:
-        return None
-
-
-def _walk(node: ast.AST, skip: set[int]) -> Iterator[ast.AST]:
-    todo = [node]
-    while todo:
-        sub = todo.pop()
-        if id(sub) in skip:
-            continue
-        todo.extend(ast.iter_child_nodes(sub))
-        yield sub
